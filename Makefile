@@ -1,0 +1,74 @@
+# adaptive-lb Makefile. `make help` lists the targets.
+
+SHELL := /usr/bin/env bash -o pipefail
+.SHELLFLAGS := -ec
+
+GO ?= go
+BIN_DIR ?= $(CURDIR)/bin
+# Real components the tests start on loopback (kube-apiserver, etcd, VictoriaMetrics) are built
+# from the Go module proxy once and cached here. Override to share one cache between checkouts.
+TOOLS_DIR ?= $(CURDIR)/.cache/tools
+export TOOLS_DIR
+
+# envtest reads KUBEBUILDER_ASSETS; our VictoriaMetrics tests read ADAPTIVELB_VMSINGLE_BIN.
+KUBEBUILDER_ASSETS ?= $(TOOLS_DIR)/k8s
+ADAPTIVELB_VMSINGLE_BIN ?= $(TOOLS_DIR)/victoria-metrics/victoria-metrics
+export KUBEBUILDER_ASSETS ADAPTIVELB_VMSINGLE_BIN
+
+# Generous: the envtest suites start real API servers on a 2-core machine.
+TEST_TIMEOUT ?= 40m
+
+.PHONY: all
+all: build
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9-]+:.*?##/ { printf "  %-22s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: fmt
+fmt: ## Run gofmt on the module.
+	gofmt -l -w $$(git ls-files '*.go')
+
+.PHONY: vet
+vet: ## Run go vet.
+	$(GO) vet ./...
+
+.PHONY: test
+test: test-assets vet ## Run every test, building the real test components on first use.
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+.PHONY: test-unit
+test-unit: ## Run the tests that need no real components (fast loop).
+	$(GO) test -short ./...
+
+.PHONY: bench
+bench: ## Run the Go benchmarks (results are recorded in docs/benchmarks.md).
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+##@ Build
+
+.PHONY: build
+build: ## Build bin/adaptive-lb.
+	$(GO) build -o $(BIN_DIR)/adaptive-lb ./cmd/adaptive-lb
+
+.PHONY: simulate
+simulate: ## Run the simulator on its built-in seed-fib scenario.
+	$(GO) run ./cmd/adaptive-lb simulate
+
+##@ Test components
+
+.PHONY: test-assets
+test-assets: envtest-assets victoriametrics ## Build the real components the tests run against.
+
+.PHONY: envtest-assets
+envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k8s.
+	hack/build-envtest-assets.sh "$(TOOLS_DIR)/k8s"
+
+.PHONY: victoriametrics
+victoriametrics: ## Build VictoriaMetrics single-node into $(TOOLS_DIR)/victoria-metrics.
+	hack/build-victoriametrics.sh "$(TOOLS_DIR)/victoria-metrics"

@@ -1,0 +1,144 @@
+package weights
+
+import (
+	"fmt"
+	"math"
+)
+
+// Settings configures Compute. Start from DefaultSettings and override fields.
+type Settings struct {
+	Algorithm Algorithm
+	// MinWeight and MaxWeight bound every written weight (Envoy requires weights ≥ 1).
+	MinWeight int
+	MaxWeight int
+	// DefaultWeight is given to endpoints when nothing better is known (all equal, fallback).
+	// 0 means the midpoint of [MinWeight, MaxWeight].
+	DefaultWeight int
+
+	CPUDistance CPUDistanceParams
+	Capacity    CapacityParams
+}
+
+// CPUDistanceParams are the published operator's parameters.
+type CPUDistanceParams struct {
+	// K scales the relative CPU distance into a weight change: alpha = (cpu - mean)/mean * K.
+	K float64
+	// DeadBand skips endpoints whose relative CPU distance from the mean is below it.
+	DeadBand float64
+}
+
+// CapacityParams tune the capacity algorithm.
+type CapacityParams struct {
+	// Gain is the fraction of the (log-space) way from the current weight to the target taken per
+	// cycle: 1 jumps straight to the target, smaller values smooth noisy estimates.
+	Gain float64
+	// MaxStepRatio bounds one cycle's change of an endpoint's weight to [w/r, w*r].
+	MaxStepRatio float64
+	// MaxWeightRatio bounds the ratio between the largest and the smallest weight.
+	MaxWeightRatio float64
+	// DeadBand is the relative weight change below which an update is not worth a write.
+	DeadBand float64
+	// MinRequestRate is the request rate below which an endpoint's cost per request is too noisy
+	// to trust; such an endpoint keeps the fleet's median cost.
+	MinRequestRate float64
+	// MedianWeight is the weight the median endpoint is scaled to. It sets the resolution of
+	// the weights (1/MedianWeight) and must lie within [MinWeight, MaxWeight].
+	MedianWeight int
+}
+
+// DefaultSettings returns the documented defaults for an algorithm.
+func DefaultSettings(alg Algorithm) Settings {
+	switch alg {
+	case AlgorithmCPUDistance:
+		// As published: k = 1%, dead band 5%, weights 100..600, median rescaled to 350.
+		return Settings{
+			Algorithm:   AlgorithmCPUDistance,
+			MinWeight:   100,
+			MaxWeight:   600,
+			CPUDistance: CPUDistanceParams{K: 0.01, DeadBand: 0.05},
+		}
+	default:
+		return Settings{
+			Algorithm: AlgorithmCapacity,
+			MinWeight: 10,
+			MaxWeight: 1000,
+			Capacity: CapacityParams{
+				Gain:           0.7,
+				MaxStepRatio:   4,
+				MaxWeightRatio: 20,
+				DeadBand:       0.05,
+				MinRequestRate: 0.5,
+				MedianWeight:   100,
+			},
+		}
+	}
+}
+
+// defaultWeight is the weight for endpoints nothing is known about.
+func (s Settings) defaultWeight() int {
+	if s.DefaultWeight > 0 {
+		return s.DefaultWeight
+	}
+	if s.Algorithm == AlgorithmCapacity && s.Capacity.MedianWeight > 0 {
+		return s.Capacity.MedianWeight
+	}
+	return (s.MinWeight + s.MaxWeight) / 2
+}
+
+// Validate reports the first setting that is out of range, naming it and the allowed values.
+func (s Settings) Validate() error {
+	if s.MinWeight < 1 {
+		return fmt.Errorf("minWeight %d must be at least 1 (Envoy ignores endpoints of weight 0)", s.MinWeight)
+	}
+	if s.MaxWeight < s.MinWeight {
+		return fmt.Errorf("maxWeight %d must not be below minWeight %d", s.MaxWeight, s.MinWeight)
+	}
+	if s.DefaultWeight != 0 && (s.DefaultWeight < s.MinWeight || s.DefaultWeight > s.MaxWeight) {
+		return fmt.Errorf("defaultWeight %d must lie within [minWeight %d, maxWeight %d]", s.DefaultWeight, s.MinWeight, s.MaxWeight)
+	}
+	switch s.Algorithm {
+	case AlgorithmCPUDistance:
+		p := s.CPUDistance
+		if !finite(p.K) || p.K <= 0 || p.K > 1 {
+			return fmt.Errorf("cpu-distance k %v must be in (0, 1]", p.K)
+		}
+		if !finite(p.DeadBand) || p.DeadBand < 0 || p.DeadBand >= 1 {
+			return fmt.Errorf("cpu-distance deadBand %v must be in [0, 1)", p.DeadBand)
+		}
+	case AlgorithmCapacity:
+		p := s.Capacity
+		if !finite(p.Gain) || p.Gain <= 0 || p.Gain > 1 {
+			return fmt.Errorf("capacity gain %v must be in (0, 1]", p.Gain)
+		}
+		if !finite(p.MaxStepRatio) || p.MaxStepRatio <= 1 {
+			return fmt.Errorf("capacity maxStepRatio %v must be greater than 1", p.MaxStepRatio)
+		}
+		if !finite(p.MaxWeightRatio) || p.MaxWeightRatio < 1 {
+			return fmt.Errorf("capacity maxWeightRatio %v must be at least 1", p.MaxWeightRatio)
+		}
+		if !finite(p.DeadBand) || p.DeadBand < 0 || p.DeadBand >= 1 {
+			return fmt.Errorf("capacity deadBand %v must be in [0, 1)", p.DeadBand)
+		}
+		if !finite(p.MinRequestRate) || p.MinRequestRate < 0 {
+			return fmt.Errorf("capacity minRequestRate %v must be a non-negative number", p.MinRequestRate)
+		}
+		if p.MedianWeight < s.MinWeight || p.MedianWeight > s.MaxWeight {
+			return fmt.Errorf("capacity medianWeight %d must lie within [minWeight %d, maxWeight %d]", p.MedianWeight, s.MinWeight, s.MaxWeight)
+		}
+	default:
+		return fmt.Errorf("algorithm %q is unknown; valid algorithms are %v", s.Algorithm, Algorithms)
+	}
+	return nil
+}
+
+// ParseAlgorithm maps a user-supplied name to an Algorithm.
+func ParseAlgorithm(name string) (Algorithm, error) {
+	for _, a := range Algorithms {
+		if string(a) == name {
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("algorithm %q is unknown; valid algorithms are %v", name, Algorithms)
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }

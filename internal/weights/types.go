@@ -1,0 +1,68 @@
+// Package weights turns per-endpoint observations into Envoy endpoint weights.
+//
+// It is pure: no clock, no I/O, no Kubernetes. The operator and the simulator call the same
+// Compute with the same Settings, so what the simulator shows is what the operator does.
+package weights
+
+// Algorithm names a weight algorithm. The names are part of the CRD and the CLI.
+type Algorithm string
+
+const (
+	// AlgorithmCPUDistance is a faithful port of the published operator: nudge each weight
+	// against its CPU's distance from the fleet mean, then rescale around mid-range.
+	AlgorithmCPUDistance Algorithm = "cpu-distance"
+	// AlgorithmCapacity sets weights proportional to each endpoint's estimated capacity
+	// (CPU limit / CPU cost per request), corrected by the traffic share Envoy really delivered.
+	AlgorithmCapacity Algorithm = "capacity"
+)
+
+// Algorithms lists every known algorithm, in the order the CLI documents them.
+var Algorithms = []Algorithm{AlgorithmCapacity, AlgorithmCPUDistance}
+
+// Endpoint is what the engine knows about one endpoint for one cycle.
+type Endpoint struct {
+	// ID identifies the endpoint (pod name or IP); it must be unique within one Compute call.
+	ID string
+	// CPUCores is the CPU used, in cores, averaged over the observation window.
+	CPUCores float64
+	// CPULimitCores is the pod's CPU limit in cores; 0 means no limit is set.
+	CPULimitCores float64
+	// RequestRate is the served request rate, in requests per second, over the window.
+	RequestRate float64
+	// ErrorRate is the rate of failed requests per second; 0 when unknown.
+	ErrorRate float64
+	// LatencyP99Seconds is the endpoint's p99 latency; 0 when unknown.
+	LatencyP99Seconds float64
+	// HasMetrics is false when the endpoint's metrics are missing or stale; its numbers are then ignored.
+	HasMetrics bool
+	// CurrentWeight is the weight now applied; 0 for an endpoint that has none yet.
+	CurrentWeight int
+}
+
+// Result is the engine's decision for one endpoint.
+type Result struct {
+	ID     string
+	Weight int
+	// Reason is a short, human-readable explanation, e.g. "no metrics: median weight".
+	Reason string
+}
+
+// Decision is the outcome of one Compute call.
+type Decision struct {
+	// Endpoints holds one result per input endpoint, in input order.
+	Endpoints []Result
+	// Changed is false when every weight stayed inside the dead band: the caller must not write.
+	// Endpoints then carry the current weights unchanged.
+	Changed bool
+	// Reason summarises the decision for a condition or an Event.
+	Reason string
+}
+
+// Weights returns the decided weights keyed by endpoint ID.
+func (d Decision) Weights() map[string]int {
+	m := make(map[string]int, len(d.Endpoints))
+	for _, r := range d.Endpoints {
+		m[r.ID] = r.Weight
+	}
+	return m
+}
