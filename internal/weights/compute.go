@@ -1,20 +1,361 @@
 package weights
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Reasons attached to endpoint results. They are short enough for a status column.
+const (
+	ReasonNoMetrics        = "no metrics: median weight"
+	ReasonInvalidMetrics   = "invalid metrics (NaN, Inf or negative): median weight"
+	ReasonTooLittleTraffic = "too little traffic to estimate cost: median weight"
+	ReasonNewEndpoint      = "new endpoint: median weight"
+	ReasonTooFewWithData   = "fewer than two endpoints with usable metrics: equal weights"
+	ReasonInsideDeadBand   = "change inside dead band: weight kept"
+	ReasonClampedMax       = "clamped at max"
+	ReasonClampedMin       = "clamped at min"
+	ReasonStepLimited      = "step limited"
+	ReasonCapacity         = "proportional to estimated capacity"
+	ReasonUtilization      = "corrected toward fleet utilization"
+	ReasonCPUDistance      = "moved against CPU distance from mean"
+	ReasonCPUNearMean      = "CPU within dead band of mean"
+)
 
 // Compute decides the next weights for one Service's endpoints.
-// SCAFFOLD: equal weights until the algorithms land (same session).
+//
+// It never returns a weight below max(1, MinWeight) or above MaxWeight, never lets NaN or Inf reach
+// a weight, and is deterministic: the same input gives the same Decision.
 func Compute(endpoints []Endpoint, s Settings) (Decision, error) {
 	if err := s.Validate(); err != nil {
 		return Decision{}, fmt.Errorf("invalid weight settings: %w", err)
 	}
-	d := Decision{Endpoints: make([]Result, len(endpoints))}
-	for i, ep := range endpoints {
-		w := s.defaultWeight()
-		if ep.CurrentWeight != w {
-			d.Changed = true
+	seen := make(map[string]struct{}, len(endpoints))
+	for _, ep := range endpoints {
+		if _, dup := seen[ep.ID]; dup {
+			return Decision{}, fmt.Errorf("endpoint %q appears twice; each endpoint must be listed once", ep.ID)
 		}
-		d.Endpoints[i] = Result{ID: ep.ID, Weight: w, Reason: "equal weights"}
+		seen[ep.ID] = struct{}{}
 	}
-	return d, nil
+	if len(endpoints) == 0 {
+		return Decision{Reason: "no endpoints"}, nil
+	}
+	var d Decision
+	switch s.Algorithm {
+	case AlgorithmCPUDistance:
+		d = computeCPUDistance(endpoints, s)
+	default:
+		d = computeCapacity(endpoints, s)
+	}
+	return finish(endpoints, d, s), nil
+}
+
+// finish enforces the invariants every algorithm shares and decides whether a write is needed.
+func finish(endpoints []Endpoint, d Decision, s Settings) Decision {
+	changed := false
+	for i := range d.Endpoints {
+		w := d.Endpoints[i].Weight
+		if w < s.MinWeight {
+			w = s.MinWeight
+		}
+		if w > s.MaxWeight {
+			w = s.MaxWeight
+		}
+		d.Endpoints[i].Weight = w
+		if w != endpoints[i].CurrentWeight {
+			changed = true
+		}
+	}
+	d.Changed = changed
+	if !changed && d.Reason == "" {
+		d.Reason = "weights unchanged"
+	}
+	return d
+}
+
+// usable reports whether an endpoint's metrics can be trusted, and why not.
+func usable(ep Endpoint, minRate float64) (bool, string) {
+	if !ep.HasMetrics {
+		return false, ReasonNoMetrics
+	}
+	for _, v := range []float64{ep.CPUCores, ep.RequestRate, ep.CPULimitCores} {
+		if !finite(v) || v < 0 {
+			return false, ReasonInvalidMetrics
+		}
+	}
+	if ep.CPUCores == 0 || ep.RequestRate < minRate || ep.RequestRate == 0 {
+		return false, ReasonTooLittleTraffic
+	}
+	return true, ""
+}
+
+func equalWeights(endpoints []Endpoint, s Settings, reason string) Decision {
+	d := Decision{Endpoints: make([]Result, len(endpoints)), Reason: reason}
+	w := s.defaultWeight()
+	for i, ep := range endpoints {
+		d.Endpoints[i] = Result{ID: ep.ID, Weight: w, Reason: reason}
+	}
+	return d
+}
+
+// computeCapacity implements AlgorithmCapacity.
+//
+// Each endpoint's capacity is its CPU limit divided by its CPU cost per request (cpu/rps), so its
+// utilization is cpu/limit. The first adaptive step jumps straight to weights proportional to
+// capacity. Envoy does not turn weights into traffic shares one-to-one (weighted LEAST_REQUEST
+// divides each weight by active+1), so later steps correct each weight by how far the endpoint's
+// utilization sits from the fleet's: an integral controller whose state is the applied weight
+// itself, which therefore survives operator restarts.
+func computeCapacity(endpoints []Endpoint, s Settings) Decision {
+	p := s.Capacity
+	n := len(endpoints)
+	ok := make([]bool, n)
+	reasons := make([]string, n)
+	var limits []float64
+	valid := 0
+	for i, ep := range endpoints {
+		ok[i], reasons[i] = usable(ep, p.MinRequestRate)
+		if ok[i] {
+			valid++
+			if ep.CPULimitCores > 0 {
+				limits = append(limits, ep.CPULimitCores)
+			}
+		}
+	}
+	if valid < 2 {
+		return equalWeights(endpoints, s, ReasonTooFewWithData)
+	}
+	// Pods without a CPU limit can use about what their peers may: the fleet's median limit.
+	fallbackLimit := 1.0
+	if len(limits) > 0 {
+		fallbackLimit = median(limits)
+	}
+	limit := func(ep Endpoint) float64 {
+		if ep.CPULimitCores > 0 {
+			return ep.CPULimitCores
+		}
+		return fallbackLimit
+	}
+	var totalRate, totalCap float64
+	for i, ep := range endpoints {
+		if ok[i] {
+			totalRate += ep.RequestRate
+			totalCap += limit(ep) * ep.RequestRate / ep.CPUCores
+		}
+	}
+	fleetUtil := totalRate / totalCap
+
+	firstStep := !adapted(endpoints, ok)
+	logTarget := make([]float64, n)
+	have := make([]bool, n)
+	for i, ep := range endpoints {
+		if !ok[i] {
+			continue
+		}
+		util := ep.CPUCores / limit(ep)
+		switch {
+		case firstStep:
+			logTarget[i] = math.Log(limit(ep) * ep.RequestRate / ep.CPUCores)
+			reasons[i] = ReasonCapacity
+		case ep.CurrentWeight > 0:
+			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*math.Log(fleetUtil/util)
+			reasons[i] = ReasonUtilization
+		default:
+			reasons[i] = ReasonNewEndpoint
+			continue
+		}
+		have[i] = true
+	}
+	// Normalise so the median endpoint sits at MedianWeight: only ratios matter to Envoy, and a
+	// fixed scale keeps weights from drifting cycle after cycle.
+	var logs []float64
+	for i := range endpoints {
+		if have[i] {
+			logs = append(logs, logTarget[i])
+		}
+	}
+	shift := math.Log(float64(p.MedianWeight)) - median(logs)
+	target := make([]float64, n)
+	hi := 0.0
+	for i := range endpoints {
+		if have[i] {
+			target[i] = math.Exp(logTarget[i] + shift)
+			if !firstStep {
+				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, p.MaxStepRatio, &reasons[i])
+			}
+			if target[i] > float64(s.MaxWeight) {
+				target[i] = float64(s.MaxWeight)
+				reasons[i] = ReasonClampedMax
+			}
+			hi = math.Max(hi, target[i])
+		}
+	}
+	lo := math.Max(float64(s.MinWeight), hi/p.MaxWeightRatio)
+	for i := range endpoints {
+		if have[i] && target[i] < lo {
+			target[i] = lo
+			reasons[i] = ReasonClampedMin
+		}
+	}
+	d := Decision{Endpoints: make([]Result, n)}
+	var decided []float64
+	for i, ep := range endpoints {
+		if have[i] {
+			w := int(math.Round(target[i]))
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: w, Reason: reasons[i]}
+			decided = append(decided, float64(w))
+		}
+	}
+	mid := int(math.Round(median(decided)))
+	for i, ep := range endpoints {
+		if !have[i] {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: mid, Reason: reasons[i]}
+		}
+	}
+	if firstStep {
+		d.Reason = "weights set proportional to estimated capacity"
+	} else {
+		d.Reason = "weights corrected toward equal utilization"
+	}
+	applyDeadBand(endpoints, &d, p.DeadBand)
+	return d
+}
+
+// adapted reports whether usable endpoints already carry unequal weights, i.e. a previous cycle
+// set them. Equal weights mean a fresh start or a reset, where feedback has nothing to build on.
+func adapted(endpoints []Endpoint, ok []bool) bool {
+	first := 0
+	for i, ep := range endpoints {
+		if !ok[i] || ep.CurrentWeight <= 0 {
+			continue
+		}
+		if first == 0 {
+			first = ep.CurrentWeight
+		} else if ep.CurrentWeight != first {
+			return true
+		}
+	}
+	return false
+}
+
+func boundStep(target float64, current int, ratio float64, reason *string) float64 {
+	if current <= 0 {
+		return target
+	}
+	c := float64(current)
+	switch {
+	case target > c*ratio:
+		*reason = ReasonStepLimited
+		return c * ratio
+	case target < c/ratio:
+		*reason = ReasonStepLimited
+		return c / ratio
+	}
+	return target
+}
+
+// applyDeadBand keeps every current weight when no endpoint moved by more than the dead band, so
+// that noise never costs an istiod push. Endpoints without a weight yet always force a write.
+func applyDeadBand(endpoints []Endpoint, d *Decision, deadBand float64) {
+	for i, ep := range endpoints {
+		if ep.CurrentWeight <= 0 {
+			return
+		}
+		cur := float64(ep.CurrentWeight)
+		if math.Abs(float64(d.Endpoints[i].Weight)-cur)/cur >= deadBand {
+			return
+		}
+	}
+	for i, ep := range endpoints {
+		d.Endpoints[i].Weight = ep.CurrentWeight
+		d.Endpoints[i].Reason = ReasonInsideDeadBand
+	}
+	d.Reason = "every change inside the dead band"
+}
+
+// computeCPUDistance ports the published operator: alpha = (cpu - mean)/mean * k, weights move by
+// (1 - alpha) when the distance exceeds the dead band, are clamped to [min, max] and are then
+// rescaled so the median weight sits at the middle of the range.
+func computeCPUDistance(endpoints []Endpoint, s Settings) Decision {
+	p := s.CPUDistance
+	n := len(endpoints)
+	mid := float64(s.MinWeight+s.MaxWeight) / 2
+	ok := make([]bool, n)
+	reasons := make([]string, n)
+	var sum float64
+	valid := 0
+	for i, ep := range endpoints {
+		ok[i], reasons[i] = usable(ep, 0)
+		if ok[i] {
+			sum += ep.CPUCores
+			valid++
+		}
+	}
+	if valid < 2 {
+		return equalWeights(endpoints, s, ReasonTooFewWithData)
+	}
+	mean := sum / float64(valid)
+	w := make([]float64, n)
+	have := make([]bool, n)
+	for i, ep := range endpoints {
+		if !ok[i] {
+			continue
+		}
+		if ep.CurrentWeight <= 0 {
+			reasons[i] = ReasonNewEndpoint
+			continue
+		}
+		have[i] = true
+		w[i] = float64(ep.CurrentWeight)
+		dist := (ep.CPUCores - mean) / mean
+		if math.Abs(dist) < p.DeadBand {
+			reasons[i] = ReasonCPUNearMean
+			continue
+		}
+		w[i] = clamp(w[i]*(1-dist*p.K), float64(s.MinWeight), float64(s.MaxWeight))
+		reasons[i] = ReasonCPUDistance
+	}
+	var present []float64
+	for i := range endpoints {
+		if have[i] {
+			present = append(present, w[i])
+		}
+	}
+	d := Decision{Endpoints: make([]Result, n), Reason: "weights moved against CPU distance"}
+	factor := 1.0
+	if len(present) > 0 {
+		factor = mid / median(present)
+	}
+	for i, ep := range endpoints {
+		if !have[i] {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: int(math.Round(mid)), Reason: reasons[i]}
+			continue
+		}
+		v := clamp(w[i]*factor, float64(s.MinWeight), float64(s.MaxWeight))
+		r := reasons[i]
+		if v >= float64(s.MaxWeight) {
+			r = ReasonClampedMax
+		} else if v <= float64(s.MinWeight) {
+			r = ReasonClampedMin
+		}
+		d.Endpoints[i] = Result{ID: ep.ID, Weight: int(math.Round(v)), Reason: r}
+	}
+	return d
+}
+
+func clamp(v, lo, hi float64) float64 { return math.Max(lo, math.Min(hi, v)) }
+
+// median returns the median of xs (mean of the middle two for even lengths); xs is not modified.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	c := append([]float64(nil), xs...)
+	sort.Float64s(c)
+	m := len(c) / 2
+	if len(c)%2 == 1 {
+		return c[m]
+	}
+	return (c[m-1] + c[m]) / 2
 }

@@ -1,0 +1,355 @@
+package weights
+
+import (
+	"math"
+	"math/rand"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+)
+
+func cpuDistance(k float64) Settings {
+	s := DefaultSettings(AlgorithmCPUDistance)
+	s.CPUDistance.K = k
+	return s
+}
+
+func TestCompute_CPUDistanceMatchesPublishedFormula(t *testing.T) {
+	cases := map[string]struct {
+		settings  Settings
+		endpoints []Endpoint
+		want      []int
+	}{
+		"at the published k of 1% the weights move by half a percent of the distance": {
+			settings: cpuDistance(0.01),
+			// mean cpu 2.0: distances -0.5, 0, +0.5; alpha = -0.005, (dead band), +0.005.
+			endpoints: []Endpoint{ep("a", 1, 100, 0, 350), ep("b", 2, 100, 0, 350), ep("c", 3, 100, 0, 350)},
+			want:      []int{352, 350, 348}, // 351.75, 350, 348.25; median already 350
+		},
+		"a larger k moves weights further and the median stays at mid-range": {
+			settings:  cpuDistance(0.5),
+			endpoints: []Endpoint{ep("a", 1, 100, 0, 350), ep("b", 2, 100, 0, 350), ep("c", 3, 100, 0, 350)},
+			want:      []int{438, 350, 263}, // 437.5, 350, 262.5
+		},
+		"weights are rescaled so that the median sits at (min+max)/2": {
+			settings: cpuDistance(0.01),
+			// Equal CPU: every endpoint inside the dead band, only the rescale acts: factor 350/500.
+			endpoints: []Endpoint{ep("a", 1, 100, 0, 500), ep("b", 1, 100, 0, 500), ep("c", 1, 100, 0, 200)},
+			want:      []int{350, 350, 140},
+		},
+		"a weight is clamped at max before the rescale": {
+			settings: cpuDistance(1),
+			// mean 1.0: a is at -0.9 → 600*1.9 clamped to 600; b,c at +0.45 → 300*0.55 = 165.
+			endpoints: []Endpoint{ep("a", 0.1, 100, 0, 600), ep("b", 1.45, 100, 0, 300), ep("c", 1.45, 100, 0, 300)},
+			// median 165 → factor 350/165: a = 1272 clamped to 600, b = c = 350.
+			want: []int{600, 350, 350},
+		},
+		"an endpoint without metrics gets the median weight": {
+			settings:  cpuDistance(0.01),
+			endpoints: []Endpoint{ep("a", 1, 100, 0, 350), ep("b", 1, 100, 0, 350), ep("c", 0, 0, 0, 120, noMetrics)},
+			want:      []int{350, 350, 350},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			d, err := Compute(tc.endpoints, tc.settings)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := weightsOf(d); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("weights = %v, want %v (reasons %+v)", got, tc.want, d.Endpoints)
+			}
+		})
+	}
+}
+
+func TestCompute_CapacityFirstStepIsProportionalToCapacity(t *testing.T) {
+	// Costs per request 1, 1, 2, 4 ms at limit 2: capacities 2000, 2000, 1000, 500 rps.
+	eps := []Endpoint{
+		ep("a", 0.1, 100, 2, 1),
+		ep("b", 0.1, 100, 2, 1),
+		ep("c", 0.2, 100, 2, 1),
+		ep("d", 0.4, 100, 2, 1),
+	}
+	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Median of log capacities is log(√(1000·2000)); scaled to 100: 141.4, 141.4, 70.7, 35.4.
+	if got, want := weightsOf(d), []int{141, 141, 71, 35}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("weights = %v, want %v", got, want)
+	}
+	if !d.Changed {
+		t.Fatal("first step from equal weights must be a change")
+	}
+	for _, r := range d.Endpoints {
+		if r.Reason != ReasonCapacity {
+			t.Fatalf("endpoint %s reason %q, want %q", r.ID, r.Reason, ReasonCapacity)
+		}
+	}
+}
+
+func TestCompute_CapacityUsesMedianLimitWhenNoneIsSet(t *testing.T) {
+	// b has no limit: it is treated as having the fleet's median limit (2), so its capacity equals a's.
+	eps := []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.1, 100, 0, 1), ep("c", 0.2, 100, 2, 1)}
+	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := weightsOf(d)
+	if w[0] != w[1] || w[2] >= w[0] {
+		t.Fatalf("weights = %v: want a == b > c", w)
+	}
+}
+
+func TestCompute_CapacityFeedbackMovesWeightAgainstHighUtilization(t *testing.T) {
+	// Already adapted weights; c runs hotter (utilization 0.8) than the fleet, so it must lose weight
+	// and the others gain, with the median held at 100.
+	eps := []Endpoint{
+		ep("a", 0.8, 200, 2, 120),
+		ep("b", 0.8, 200, 2, 100),
+		ep("c", 1.6, 200, 2, 80),
+	}
+	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := weightsOf(d)
+	if !(w[2] < 80) {
+		t.Fatalf("hot endpoint weight %d, want below its current 80 (all %v)", w[2], w)
+	}
+	if w[1] != 100 {
+		t.Fatalf("median endpoint weight %d, want 100 (all %v)", w[1], w)
+	}
+	if d.Endpoints[2].Reason != ReasonUtilization {
+		t.Fatalf("reason %q, want %q", d.Endpoints[2].Reason, ReasonUtilization)
+	}
+}
+
+func TestCompute_CapacitySteadySignalsInsideDeadBandWriteNothing(t *testing.T) {
+	// Utilization is equal everywhere: the feedback has nothing to correct.
+	eps := []Endpoint{ep("a", 1, 400, 2, 200), ep("b", 1, 200, 2, 100), ep("c", 1, 100, 2, 50)}
+	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("changed = true for converged weights: %+v", d.Endpoints)
+	}
+	if got, want := weightsOf(d), []int{200, 100, 50}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("weights = %v, want the current %v", got, want)
+	}
+}
+
+func TestCompute_CapacitySmallNoiseStaysInsideDeadBand(t *testing.T) {
+	eps := []Endpoint{ep("a", 1.02, 400, 2, 200), ep("b", 1, 200, 2, 100), ep("c", 0.99, 100, 2, 50)}
+	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("2%% noise caused a write: %+v", d.Endpoints)
+	}
+	for _, r := range d.Endpoints {
+		if r.Reason != ReasonInsideDeadBand {
+			t.Fatalf("reason %q, want %q", r.Reason, ReasonInsideDeadBand)
+		}
+	}
+}
+
+func TestCompute_CapacityStepIsBounded(t *testing.T) {
+	s := DefaultSettings(AlgorithmCapacity)
+	s.Capacity.Gain = 1
+	s.Capacity.MaxStepRatio = 1.5
+	// c is 16x hotter than the others: a full step would divide its weight by 16.
+	eps := []Endpoint{ep("a", 0.1, 100, 2, 100), ep("b", 0.1, 100, 2, 110), ep("c", 1.6, 100, 2, 100)}
+	d, err := Compute(eps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := d.Endpoints[2].Weight; w < 66 {
+		t.Fatalf("weight %d fell below current/1.5", w)
+	}
+	if d.Endpoints[2].Reason != ReasonStepLimited {
+		t.Fatalf("reason %q, want %q", d.Endpoints[2].Reason, ReasonStepLimited)
+	}
+}
+
+func TestCompute_CapacityRatioIsBounded(t *testing.T) {
+	s := DefaultSettings(AlgorithmCapacity)
+	s.Capacity.MaxWeightRatio = 4
+	eps := []Endpoint{ep("a", 0.01, 100, 2, 1), ep("b", 0.1, 100, 2, 1), ep("c", 1, 100, 2, 1)}
+	d, err := Compute(eps, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := weightsOf(d)
+	sort.Ints(w)
+	if float64(w[2])/float64(w[0]) > 4.05 {
+		t.Fatalf("max/min = %d/%d exceeds the ratio bound 4", w[2], w[0])
+	}
+}
+
+func TestCompute_MissingData(t *testing.T) {
+	nan := math.NaN()
+	cases := map[string]struct {
+		endpoints   []Endpoint
+		wantWeights []int
+		wantReasons []string
+	}{
+		"an endpoint without metrics gets the median of the decided weights": {
+			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.2, 100, 2, 1), ep("c", 0.4, 100, 2, 1), ep("x", 0, 0, 2, 1, noMetrics)},
+			wantWeights: []int{200, 100, 50, 100},
+			wantReasons: []string{ReasonCapacity, ReasonCapacity, ReasonCapacity, ReasonNoMetrics},
+		},
+		"NaN CPU is treated as missing, never propagated": {
+			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.2, 100, 2, 1), ep("c", 0.4, 100, 2, 1), ep("x", nan, 100, 2, 1)},
+			wantWeights: []int{200, 100, 50, 100},
+			wantReasons: []string{ReasonCapacity, ReasonCapacity, ReasonCapacity, ReasonInvalidMetrics},
+		},
+		"+Inf request rate is treated as missing": {
+			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.2, 100, 2, 1), ep("c", 0.4, 100, 2, 1), ep("x", 0.1, math.Inf(1), 2, 1)},
+			wantWeights: []int{200, 100, 50, 100},
+			wantReasons: []string{ReasonCapacity, ReasonCapacity, ReasonCapacity, ReasonInvalidMetrics},
+		},
+		"fewer than two endpoints with data: all equal": {
+			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 150), ep("b", 0, 0, 2, 40, noMetrics), ep("c", nan, nan, 2, 70)},
+			wantWeights: []int{100, 100, 100},
+			wantReasons: []string{ReasonTooFewWithData, ReasonTooFewWithData, ReasonTooFewWithData},
+		},
+		"a new endpoint starts at the median weight": {
+			endpoints:   []Endpoint{ep("a", 0.5, 100, 2, 200), ep("b", 1, 100, 2, 100), ep("c", 1.5, 100, 2, 66), ep("new", 0.1, 100, 2, 0)},
+			wantWeights: nil, // checked below: the median
+			wantReasons: []string{ReasonUtilization, ReasonUtilization, ReasonUtilization, ReasonNewEndpoint},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			d, err := Compute(tc.endpoints, DefaultSettings(AlgorithmCapacity))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := weightsOf(d)
+			if tc.wantWeights != nil && !reflect.DeepEqual(got, tc.wantWeights) {
+				t.Fatalf("weights = %v, want %v", got, tc.wantWeights)
+			}
+			if tc.wantWeights == nil {
+				others := []float64{float64(got[0]), float64(got[1]), float64(got[2])}
+				if want := int(math.Round(median(others))); got[3] != want {
+					t.Fatalf("new endpoint weight %d, want the median %d of %v", got[3], want, got[:3])
+				}
+			}
+			for i, r := range d.Endpoints {
+				if r.Reason != tc.wantReasons[i] {
+					t.Errorf("endpoint %s reason %q, want %q", r.ID, r.Reason, tc.wantReasons[i])
+				}
+			}
+			if !d.Changed {
+				t.Error("decision must report a change")
+			}
+		})
+	}
+}
+
+func TestCompute_RejectsBadInput(t *testing.T) {
+	bad := DefaultSettings(AlgorithmCapacity)
+	bad.MinWeight = 0
+	if _, err := Compute([]Endpoint{ep("a", 1, 1, 1, 1)}, bad); err == nil || !strings.Contains(err.Error(), "minWeight 0 must be at least 1") {
+		t.Fatalf("err = %v, want the minWeight message", err)
+	}
+	unknown := DefaultSettings(AlgorithmCapacity)
+	unknown.Algorithm = "fastest"
+	if _, err := Compute(nil, unknown); err == nil || !strings.Contains(err.Error(), `algorithm "fastest" is unknown`) {
+		t.Fatalf("err = %v, want the unknown-algorithm message", err)
+	}
+	dup := []Endpoint{ep("a", 1, 1, 1, 1), ep("a", 1, 1, 1, 1)}
+	if _, err := Compute(dup, DefaultSettings(AlgorithmCapacity)); err == nil || !strings.Contains(err.Error(), `endpoint "a" appears twice`) {
+		t.Fatalf("err = %v, want the duplicate message", err)
+	}
+}
+
+// randomEndpoints draws messy but plausible inputs, including missing and non-finite data.
+func randomEndpoints(r *rand.Rand, n int) []Endpoint {
+	eps := make([]Endpoint, n)
+	for i := range eps {
+		e := ep(string(rune('a'+i%26))+string(rune('a'+i/26)), r.Float64()*3, r.Float64()*300, float64(r.Intn(4)), r.Intn(1200))
+		switch r.Intn(12) {
+		case 0:
+			e.HasMetrics = false
+		case 1:
+			e.CPUCores = math.NaN()
+		case 2:
+			e.RequestRate = math.Inf(1)
+		case 3:
+			e.RequestRate = 0
+		}
+		eps[i] = e
+	}
+	return eps
+}
+
+func TestCompute_PropertiesHoldOnRandomInput(t *testing.T) {
+	r := rand.New(rand.NewSource(7))
+	for _, alg := range Algorithms {
+		s := DefaultSettings(alg)
+		for iter := 0; iter < 2000; iter++ {
+			eps := randomEndpoints(r, 1+r.Intn(40))
+			d, err := Compute(eps, s)
+			if err != nil {
+				t.Fatalf("%s: %v", alg, err)
+			}
+			if len(d.Endpoints) != len(eps) {
+				t.Fatalf("%s: %d results for %d endpoints", alg, len(d.Endpoints), len(eps))
+			}
+			for i, res := range d.Endpoints {
+				if res.ID != eps[i].ID {
+					t.Fatalf("%s: result %d is %q, want input order %q", alg, i, res.ID, eps[i].ID)
+				}
+				if res.Weight < s.MinWeight || res.Weight > s.MaxWeight || res.Weight < 1 {
+					t.Fatalf("%s: weight %d outside [%d, %d] for %+v", alg, res.Weight, s.MinWeight, s.MaxWeight, eps[i])
+				}
+			}
+			again, _ := Compute(eps, s)
+			if !reflect.DeepEqual(d, again) {
+				t.Fatalf("%s: Compute is not deterministic", alg)
+			}
+			// The order of the input must not matter.
+			perm := r.Perm(len(eps))
+			shuffled := make([]Endpoint, len(eps))
+			for i, j := range perm {
+				shuffled[i] = eps[j]
+			}
+			ds, _ := Compute(shuffled, s)
+			if !reflect.DeepEqual(d.Weights(), ds.Weights()) {
+				t.Fatalf("%s: weights depend on input order", alg)
+			}
+		}
+	}
+}
+
+func TestCompute_CapacityHigherCapacityNeverGetsLowerWeight(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	s := DefaultSettings(AlgorithmCapacity)
+	for iter := 0; iter < 2000; iter++ {
+		n := 2 + r.Intn(30)
+		eps := make([]Endpoint, n)
+		for i := range eps {
+			// Fresh start (equal weights) and a shared limit: capacity is rps/cpu.
+			eps[i] = ep(string(rune('A'+i)), 0.05+r.Float64()*2, 1+r.Float64()*300, 2, 1)
+		}
+		d, err := Compute(eps, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range eps {
+			for j := range eps {
+				ci := eps[i].RequestRate / eps[i].CPUCores
+				cj := eps[j].RequestRate / eps[j].CPUCores
+				if ci > cj && d.Endpoints[i].Weight < d.Endpoints[j].Weight {
+					t.Fatalf("capacity %.1f got weight %d below capacity %.1f's %d", ci, d.Endpoints[i].Weight, cj, d.Endpoints[j].Weight)
+				}
+			}
+		}
+	}
+}
