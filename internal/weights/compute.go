@@ -175,7 +175,7 @@ func computeCapacity(endpoints []Endpoint, s Settings) Decision {
 			logs = append(logs, logTarget[i])
 		}
 	}
-	shift := math.Log(float64(p.MedianWeight)) - median(logs)
+	shift := scaleShift(endpoints, have, logs, firstStep, s)
 	target := make([]float64, n)
 	hi := 0.0
 	for i := range endpoints {
@@ -220,6 +220,32 @@ func computeCapacity(endpoints []Endpoint, s Settings) Decision {
 	}
 	applyDeadBand(endpoints, &d, p.DeadBand)
 	return d
+}
+
+// scaleShift is the log-space offset that sets the weights' common scale; only ratios matter to
+// Envoy. A first step puts the median endpoint at MedianWeight. Later steps keep the scale the
+// current weights already have, so converged weights are reproduced exactly and cost no write,
+// unless that scale would push weights past MinWeight or MaxWeight.
+func scaleShift(endpoints []Endpoint, have []bool, logs []float64, firstStep bool, s Settings) float64 {
+	toMedianWeight := math.Log(float64(s.Capacity.MedianWeight)) - median(logs)
+	if firstStep {
+		return toMedianWeight
+	}
+	var current []float64
+	for i, ep := range endpoints {
+		if have[i] {
+			current = append(current, math.Log(float64(ep.CurrentWeight)))
+		}
+	}
+	keepScale := median(current) - median(logs)
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, l := range logs {
+		lo, hi = math.Min(lo, l), math.Max(hi, l)
+	}
+	if math.Exp(hi+keepScale) > float64(s.MaxWeight) || math.Exp(lo+keepScale) < float64(s.MinWeight) {
+		return toMedianWeight
+	}
+	return keepScale
 }
 
 // adapted reports whether usable endpoints already carry unequal weights, i.e. a previous cycle
