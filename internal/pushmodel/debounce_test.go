@@ -32,7 +32,7 @@ func TestPushes_DebounceRule(t *testing.T) {
 		},
 		"a trickle just under the quiet period holds the push until DebounceMax": {
 			// One write every 90 ms for 20 s never lets the timer go quiet.
-			events:     trickle(90, 20_000),
+			events: trickle(90, 20_000),
 			// Checks fall at 100, 190, 280, …; the first at or past 10 s (10 000 ms) pushes the 112
 			// events so far, and the next period ends on the quiet after the last write at 19 980 ms.
 			wantPushes: []int{10_000, 20_080},
