@@ -43,6 +43,8 @@ type Target struct {
 	// HoldTime is how long the last weights stay in place after metrics fail (default 5 intervals).
 	HoldTime time.Duration
 	DryRun   bool
+	// WindowCoverage is the share of the metrics window observed under the current weights.
+	WindowCoverage float64
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -104,7 +106,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		for i := range eps {
 			eps[i].HasMetrics = false
 		}
-		d, err := weights.Compute(eps, t.Settings)
+		d, err := weights.Compute(weights.Input{Endpoints: eps}, t.Settings)
 		if err != nil {
 			out.Err = err
 			out.Action = ActionNone
@@ -117,7 +119,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
 		st.FallenBack = true
 	} else {
-		d, err := weights.Compute(t.Endpoints, t.Settings)
+		d, err := weights.Compute(weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage}, t.Settings)
 		if err != nil {
 			out.Err = err
 			out.Action = ActionNone

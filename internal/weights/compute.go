@@ -21,13 +21,18 @@ const (
 	ReasonUtilization      = "corrected toward fleet utilization"
 	ReasonCPUDistance      = "moved against CPU distance from mean"
 	ReasonCPUNearMean      = "CPU within dead band of mean"
+	ReasonWindowUnsettled  = "weights changed during the window: kept until a clean window"
 )
+
+// settledCoverage is the window coverage from which observed shares reflect the current weights.
+const settledCoverage = 0.9
 
 // Compute decides the next weights for one Service's endpoints.
 //
 // It never returns a weight below max(1, MinWeight) or above MaxWeight, never lets NaN or Inf reach
 // a weight, and is deterministic: the same input gives the same Decision.
-func Compute(endpoints []Endpoint, s Settings) (Decision, error) {
+func Compute(in Input, s Settings) (Decision, error) {
+	endpoints := in.Endpoints
 	if err := s.Validate(); err != nil {
 		return Decision{}, fmt.Errorf("invalid weight settings: %w", err)
 	}
@@ -46,7 +51,11 @@ func Compute(endpoints []Endpoint, s Settings) (Decision, error) {
 	case AlgorithmCPUDistance:
 		d = computeCPUDistance(endpoints, s)
 	default:
-		d = computeCapacity(endpoints, s)
+		coverage := in.WindowCoverage
+		if coverage <= 0 || coverage > 1 || math.IsNaN(coverage) {
+			coverage = 1
+		}
+		d = computeCapacity(endpoints, coverage, s)
 	}
 	return finish(endpoints, d, s), nil
 }
@@ -106,8 +115,9 @@ func equalWeights(endpoints []Endpoint, s Settings, reason string) Decision {
 // capacity. Envoy does not turn weights into traffic shares one-to-one (weighted LEAST_REQUEST
 // divides each weight by active+1), so later steps correct each weight by how far the endpoint's
 // utilization sits from the fleet's: an integral controller whose state is the applied weight
-// itself, which therefore survives operator restarts.
-func computeCapacity(endpoints []Endpoint, s Settings) Decision {
+// itself, which therefore survives operator restarts. Feedback only runs on windows observed
+// entirely under the current weights; a mixed window would make it correct twice.
+func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decision {
 	p := s.Capacity
 	n := len(endpoints)
 	ok := make([]bool, n)
@@ -147,6 +157,13 @@ func computeCapacity(endpoints []Endpoint, s Settings) Decision {
 	fleetUtil := totalRate / totalCap
 
 	firstStep := !adapted(endpoints, ok)
+	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {
+		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
+		for i, ep := range endpoints {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
+		}
+		return d
+	}
 	logTarget := make([]float64, n)
 	have := make([]bool, n)
 	for i, ep := range endpoints {
@@ -246,6 +263,16 @@ func scaleShift(endpoints []Endpoint, have []bool, logs []float64, firstStep boo
 		return toMedianWeight
 	}
 	return keepScale
+}
+
+// hasNew reports whether an endpoint still needs its first weight.
+func hasNew(endpoints []Endpoint, ok []bool) bool {
+	for _, ep := range endpoints {
+		if ep.CurrentWeight <= 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // adapted reports whether usable endpoints already carry unequal weights, i.e. a previous cycle

@@ -19,7 +19,7 @@ func BenchmarkCompute(b *testing.B) {
 				s := DefaultSettings(alg)
 				b.ReportAllocs()
 				for b.Loop() {
-					if _, err := Compute(eps, s); err != nil {
+					if _, err := Compute(Input{Endpoints: eps}, s); err != nil {
 						b.Fatal(err)
 					}
 				}

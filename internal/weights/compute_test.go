@@ -53,7 +53,7 @@ func TestCompute_CPUDistanceMatchesPublishedFormula(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			d, err := Compute(tc.endpoints, tc.settings)
+			d, err := Compute(Input{Endpoints: tc.endpoints}, tc.settings)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +72,7 @@ func TestCompute_CapacityFirstStepIsProportionalToCapacity(t *testing.T) {
 		ep("c", 0.2, 100, 2, 1),
 		ep("d", 0.4, 100, 2, 1),
 	}
-	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestCompute_CapacityFirstStepIsProportionalToCapacity(t *testing.T) {
 func TestCompute_CapacityUsesMedianLimitWhenNoneIsSet(t *testing.T) {
 	// b has no limit: it is treated as having the fleet's median limit (2), so its capacity equals a's.
 	eps := []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.1, 100, 0, 1), ep("c", 0.2, 100, 2, 1)}
-	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestCompute_CapacityFeedbackMovesWeightAgainstHighUtilization(t *testing.T)
 		ep("b", 0.8, 200, 2, 100),
 		ep("c", 1.6, 200, 2, 80),
 	}
-	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestCompute_CapacityFeedbackMovesWeightAgainstHighUtilization(t *testing.T)
 func TestCompute_CapacitySteadySignalsInsideDeadBandWriteNothing(t *testing.T) {
 	// Utilization is equal everywhere: the feedback has nothing to correct.
 	eps := []Endpoint{ep("a", 1, 400, 2, 200), ep("b", 1, 200, 2, 100), ep("c", 1, 100, 2, 50)}
-	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestCompute_CapacitySteadySignalsInsideDeadBandWriteNothing(t *testing.T) {
 
 func TestCompute_CapacitySmallNoiseStaysInsideDeadBand(t *testing.T) {
 	eps := []Endpoint{ep("a", 1.02, 400, 2, 200), ep("b", 1, 200, 2, 100), ep("c", 0.99, 100, 2, 50)}
-	d, err := Compute(eps, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestCompute_CapacityStepIsBounded(t *testing.T) {
 	s.Capacity.MaxStepRatio = 1.5
 	// c is 16x hotter than the others: a full step would divide its weight by 16.
 	eps := []Endpoint{ep("a", 0.1, 100, 2, 100), ep("b", 0.1, 100, 2, 110), ep("c", 1.6, 100, 2, 100)}
-	d, err := Compute(eps, s)
+	d, err := Compute(Input{Endpoints: eps}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestCompute_CapacityRatioIsBounded(t *testing.T) {
 	s := DefaultSettings(AlgorithmCapacity)
 	s.Capacity.MaxWeightRatio = 4
 	eps := []Endpoint{ep("a", 0.01, 100, 2, 1), ep("b", 0.1, 100, 2, 1), ep("c", 1, 100, 2, 1)}
-	d, err := Compute(eps, s)
+	d, err := Compute(Input{Endpoints: eps}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestCompute_MissingData(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			d, err := Compute(tc.endpoints, DefaultSettings(AlgorithmCapacity))
+			d, err := Compute(Input{Endpoints: tc.endpoints}, DefaultSettings(AlgorithmCapacity))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -255,16 +255,16 @@ func TestCompute_MissingData(t *testing.T) {
 func TestCompute_RejectsBadInput(t *testing.T) {
 	bad := DefaultSettings(AlgorithmCapacity)
 	bad.MinWeight = 0
-	if _, err := Compute([]Endpoint{ep("a", 1, 1, 1, 1)}, bad); err == nil || !strings.Contains(err.Error(), "minWeight 0 must be at least 1") {
+	if _, err := Compute(Input{Endpoints: []Endpoint{ep("a", 1, 1, 1, 1)}}, bad); err == nil || !strings.Contains(err.Error(), "minWeight 0 must be at least 1") {
 		t.Fatalf("err = %v, want the minWeight message", err)
 	}
 	unknown := DefaultSettings(AlgorithmCapacity)
 	unknown.Algorithm = "fastest"
-	if _, err := Compute(nil, unknown); err == nil || !strings.Contains(err.Error(), `algorithm "fastest" is unknown`) {
+	if _, err := Compute(Input{Endpoints: nil}, unknown); err == nil || !strings.Contains(err.Error(), `algorithm "fastest" is unknown`) {
 		t.Fatalf("err = %v, want the unknown-algorithm message", err)
 	}
 	dup := []Endpoint{ep("a", 1, 1, 1, 1), ep("a", 1, 1, 1, 1)}
-	if _, err := Compute(dup, DefaultSettings(AlgorithmCapacity)); err == nil || !strings.Contains(err.Error(), `endpoint "a" appears twice`) {
+	if _, err := Compute(Input{Endpoints: dup}, DefaultSettings(AlgorithmCapacity)); err == nil || !strings.Contains(err.Error(), `endpoint "a" appears twice`) {
 		t.Fatalf("err = %v, want the duplicate message", err)
 	}
 }
@@ -295,7 +295,7 @@ func TestCompute_PropertiesHoldOnRandomInput(t *testing.T) {
 		s := DefaultSettings(alg)
 		for iter := 0; iter < 2000; iter++ {
 			eps := randomEndpoints(r, 1+r.Intn(40))
-			d, err := Compute(eps, s)
+			d, err := Compute(Input{Endpoints: eps}, s)
 			if err != nil {
 				t.Fatalf("%s: %v", alg, err)
 			}
@@ -310,7 +310,7 @@ func TestCompute_PropertiesHoldOnRandomInput(t *testing.T) {
 					t.Fatalf("%s: weight %d outside [%d, %d] for %+v", alg, res.Weight, s.MinWeight, s.MaxWeight, eps[i])
 				}
 			}
-			again, _ := Compute(eps, s)
+			again, _ := Compute(Input{Endpoints: eps}, s)
 			if !reflect.DeepEqual(d, again) {
 				t.Fatalf("%s: Compute is not deterministic", alg)
 			}
@@ -320,7 +320,7 @@ func TestCompute_PropertiesHoldOnRandomInput(t *testing.T) {
 			for i, j := range perm {
 				shuffled[i] = eps[j]
 			}
-			ds, _ := Compute(shuffled, s)
+			ds, _ := Compute(Input{Endpoints: shuffled}, s)
 			if !reflect.DeepEqual(d.Weights(), ds.Weights()) {
 				t.Fatalf("%s: weights depend on input order", alg)
 			}
@@ -338,7 +338,7 @@ func TestCompute_CapacityHigherCapacityNeverGetsLowerWeight(t *testing.T) {
 			// Fresh start (equal weights) and a shared limit: capacity is rps/cpu.
 			eps[i] = ep(string(rune('A'+i)), 0.05+r.Float64()*2, 1+r.Float64()*300, 2, 1)
 		}
-		d, err := Compute(eps, s)
+		d, err := Compute(Input{Endpoints: eps}, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -351,5 +351,26 @@ func TestCompute_CapacityHigherCapacityNeverGetsLowerWeight(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestCompute_CapacityWaitsForAWindowObservedUnderTheCurrentWeights(t *testing.T) {
+	eps := []Endpoint{ep("a", 0.8, 200, 2, 120), ep("b", 0.8, 200, 2, 100), ep("c", 1.6, 200, 2, 80)}
+	held, err := Compute(Input{Endpoints: eps, WindowCoverage: 0.5}, DefaultSettings(AlgorithmCapacity))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held.Changed || held.Endpoints[2].Reason != ReasonWindowUnsettled {
+		t.Fatalf("half-covered window: changed %v reason %q; want the weights kept", held.Changed, held.Endpoints[2].Reason)
+	}
+	settled, _ := Compute(Input{Endpoints: eps, WindowCoverage: 0.95}, DefaultSettings(AlgorithmCapacity))
+	if !settled.Changed {
+		t.Fatal("a settled window must let the feedback act")
+	}
+	// A first step does not depend on shares, so it never waits.
+	fresh := []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.4, 100, 2, 1)}
+	first, _ := Compute(Input{Endpoints: fresh, WindowCoverage: 0.1}, DefaultSettings(AlgorithmCapacity))
+	if !first.Changed {
+		t.Fatal("the first step must not wait for a settled window")
 	}
 }

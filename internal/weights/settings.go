@@ -63,7 +63,7 @@ func DefaultSettings(alg Algorithm) Settings {
 			MinWeight: 10,
 			MaxWeight: 1000,
 			Capacity: CapacityParams{
-				Gain:           0.7,
+				Gain:           0.8,
 				MaxStepRatio:   4,
 				MaxWeightRatio: 20,
 				DeadBand:       0.05,

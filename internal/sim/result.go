@@ -1,0 +1,143 @@
+package sim
+
+import (
+	"math"
+	"sort"
+)
+
+// Result is one policy's outcome. JSON field names are a public format: add, never rename.
+type Result struct {
+	Policy       string      `json:"policy"`
+	Latency      Percentiles `json:"latency_ms"`
+	TotalCPU     float64     `json:"total_cpu"`
+	Requests     int64       `json:"requests"`
+	WeightWrites int         `json:"weight_writes"`
+	Pods         []PodResult `json:"pods"`
+	// Timeline holds the p99 of each 10 s bucket after warm-up.
+	Timeline []TimelinePoint `json:"timeline"`
+	// Weights holds every weight write as it reached the clients.
+	Weights []WeightPoint `json:"weights,omitempty"`
+	// ThrottledSeconds sums, over pods, the time spent stalled by the CPU limit with work waiting.
+	ThrottledSeconds float64 `json:"throttled_seconds"`
+	// MeanInSystem is the time-average number of requests inside pods (for Little's law).
+	MeanInSystem float64 `json:"mean_in_system"`
+}
+
+// Percentiles are latency percentiles in milliseconds.
+type Percentiles struct {
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P95  float64 `json:"p95"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Mean float64 `json:"mean"`
+}
+
+// PodResult summarises one pod over the measured period.
+type PodResult struct {
+	Name        string         `json:"name"`
+	RPS         float64        `json:"rps"`
+	CPU         float64        `json:"cpu"`
+	Latency     PodPercentiles `json:"latency_ms"`
+	FinalWeight int            `json:"final_weight"`
+}
+
+// PodPercentiles are a pod's own latency percentiles in milliseconds.
+type PodPercentiles struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+}
+
+// TimelinePoint is the latency of the requests sent in the 10 s ending at TimeS.
+type TimelinePoint struct {
+	TimeS float64 `json:"t_s"`
+	P50   float64 `json:"p50_ms"`
+	P99   float64 `json:"p99_ms"`
+	RPS   float64 `json:"rps"`
+}
+
+// WeightPoint is the weight of every pod at a moment.
+type WeightPoint struct {
+	TimeS   float64        `json:"t_s"`
+	Weights map[string]int `json:"weights"`
+}
+
+// timelineBucket is the width of one timeline point.
+const timelineBucket = 10
+
+func (s *simulation) result() *Result {
+	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, Weights: s.weightLog}
+	r.Requests = int64(len(s.latencies))
+	r.Latency = percentiles(s.latencies)
+	measured := s.end - s.warmup
+	for i, p := range s.pods {
+		var cpu0, from float64
+		var served0 uint64
+		if i < len(s.warmAt) {
+			cpu0, served0, from = s.warmCPU[i], s.warmServed[i], s.warmAt[i]
+		} else {
+			from = p.born
+		}
+		span := s.end - from
+		r.TotalCPU += (p.cpu - cpu0) / measured
+		r.ThrottledSeconds += p.throttledFor
+		r.MeanInSystem += p.area / s.end
+		if span <= 0 {
+			continue
+		}
+		pl := percentiles(s.podLat[i])
+		w := s.weightOf[p.id]
+		if !p.inHostSet {
+			w = 0
+		} else if w == 0 {
+			w = 1
+		}
+		r.Pods = append(r.Pods, PodResult{
+			Name:        p.name,
+			RPS:         float64(p.served-served0) / span,
+			CPU:         (p.cpu - cpu0) / span,
+			Latency:     PodPercentiles{P50: pl.P50, P99: pl.P99},
+			FinalWeight: w,
+		})
+	}
+	for sec := int(math.Ceil(s.warmup)) + timelineBucket; sec <= len(s.secondMark); sec += timelineBucket {
+		lo, hi := s.secondMark[sec-timelineBucket-1+boolInt(sec-timelineBucket == 0)], s.secondMark[sec-1]
+		bucket := s.latencies[lo:hi]
+		pc := percentiles(bucket)
+		r.Timeline = append(r.Timeline, TimelinePoint{
+			TimeS: float64(sec),
+			P50:   pc.P50,
+			P99:   pc.P99,
+			RPS:   float64(len(bucket)) / timelineBucket,
+		})
+	}
+	return r
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// percentiles sorts a copy of xs; the nearest-rank method matches what load generators report.
+func percentiles(xs []float32) Percentiles {
+	if len(xs) == 0 {
+		return Percentiles{}
+	}
+	c := append([]float32(nil), xs...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	var sum float64
+	for _, v := range c {
+		sum += float64(v)
+	}
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(c)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return float64(c[i])
+	}
+	return Percentiles{P50: at(0.5), P90: at(0.9), P95: at(0.95), P99: at(0.99), P999: at(0.999), Mean: sum / float64(len(c))}
+}
