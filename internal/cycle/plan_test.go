@@ -35,10 +35,13 @@ func target(key string, eps []weights.Endpoint) Target {
 func TestPlan_WritesOnlyRealChanges(t *testing.T) {
 	targets := []Target{
 		target("ns/skewed", skewed(100, 100, 100)),
-		// Converged: utilization equal everywhere, so the engine keeps the weights.
+		// Converged: capacities 900, 900, 400, 400 rps already serve their target shares
+		// 3:3:1:1 at weights 3:3:1:1, so the engine keeps the weights.
 		target("ns/converged", []weights.Endpoint{
-			{ID: "a", CPUCores: 1, RequestRate: 200, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 200},
-			{ID: "b", CPUCores: 1, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100},
+			{ID: "a", CPUCores: 1200.0 / 900, RequestRate: 600, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 300},
+			{ID: "b", CPUCores: 1200.0 / 900, RequestRate: 600, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 300},
+			{ID: "c", CPUCores: 1, RequestRate: 200, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100},
+			{ID: "d", CPUCores: 1, RequestRate: 200, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100},
 		}),
 	}
 	outs, states := Plan(t0, targets, nil, 0)

@@ -13,7 +13,7 @@ type Result struct {
 	Requests     int64       `json:"requests"`
 	WeightWrites int         `json:"weight_writes"`
 	Pods         []PodResult `json:"pods"`
-	// Timeline holds the p99 of each 10 s bucket after warm-up.
+	// Timeline holds the latency of each 10 s of the run, warm-up included.
 	Timeline []TimelinePoint `json:"timeline"`
 	// Weights holds every weight write as it reached the clients.
 	Weights []WeightPoint `json:"weights,omitempty"`
@@ -48,7 +48,7 @@ type PodPercentiles struct {
 	P99 float64 `json:"p99"`
 }
 
-// TimelinePoint is the latency of the requests sent in the 10 s ending at TimeS.
+// TimelinePoint is the latency of the responses received in the 10 s ending at TimeS.
 type TimelinePoint struct {
 	TimeS float64 `json:"t_s"`
 	P50   float64 `json:"p50_ms"`
@@ -100,25 +100,8 @@ func (s *simulation) result() *Result {
 			FinalWeight: w,
 		})
 	}
-	for sec := int(math.Ceil(s.warmup)) + timelineBucket; sec <= len(s.secondMark); sec += timelineBucket {
-		lo, hi := s.secondMark[sec-timelineBucket-1+boolInt(sec-timelineBucket == 0)], s.secondMark[sec-1]
-		bucket := s.latencies[lo:hi]
-		pc := percentiles(bucket)
-		r.Timeline = append(r.Timeline, TimelinePoint{
-			TimeS: float64(sec),
-			P50:   pc.P50,
-			P99:   pc.P99,
-			RPS:   float64(len(bucket)) / timelineBucket,
-		})
-	}
+	r.Timeline = s.timeline
 	return r
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // percentiles sorts a copy of xs; the nearest-rank method matches what load generators report.

@@ -44,6 +44,9 @@ type Options struct {
 	// Progress, when set, is called with the fraction of simulated time done (0..1), a few
 	// hundred times per run.
 	Progress func(done float64)
+	// StaticWeights, when set, gives every pod of a group a fixed weight from the start, with no
+	// controller: how a hand-tuned ServiceEntry would behave.
+	StaticWeights map[string]int
 }
 
 // request is one request in flight.
@@ -81,7 +84,8 @@ type simulation struct {
 	netHalf    float64
 	latencies  []float32 // ms, requests sent after warm-up, in completion order
 	podLat     [][]float32
-	secondMark []int // len(latencies) at each simulated second
+	bucketLat  []float32 // ms, every response in the current timeline bucket, warm-up included
+	timeline   []TimelinePoint
 	totalSent  uint64
 
 	// Controller state.
@@ -144,6 +148,19 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		for i := 0; i < pg.Replicas; i++ {
 			s.addPod(g, 0)
 		}
+	}
+	if len(opts.StaticWeights) > 0 {
+		if s.settings != nil {
+			return nil, fmt.Errorf("static weights and the %s controller exclude each other", policy)
+		}
+		for _, id := range s.hosts {
+			w, ok := opts.StaticWeights[sc.Pods[s.pods[id].group].Name]
+			if !ok || w < 1 {
+				return nil, fmt.Errorf("static weights: pod group %q needs a weight of at least 1", sc.Pods[s.pods[id].group].Name)
+			}
+			s.weightOf[id] = w
+		}
+		s.logWeights(0)
 	}
 	s.refreshBalancers()
 	if s.warmup == 0 {
@@ -249,7 +266,9 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	s.podLat = append(s.podLat, nil)
 	s.snapCPU = append(s.snapCPU, nil)
 	s.snapServed = append(s.snapServed, nil)
-	if s.settings != nil && len(s.weightOf) > 0 {
+	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
+		s.weightOf[id] = w
+	} else if s.settings != nil && len(s.weightOf) > 0 {
 		// The mirror writes a new endpoint at once with the median weight.
 		s.weightOf[id] = s.medianWeight()
 	}
@@ -407,8 +426,9 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 func (s *simulation) onResponse(t float64, id int32) {
 	r := s.reqs[id]
 	s.active[r.proxy][r.pod]--
+	ms := float32((t - r.sent) * 1000)
+	s.bucketLat = append(s.bucketLat, ms)
 	if r.sent >= s.warmup {
-		ms := float32((t - r.sent) * 1000)
 		s.latencies = append(s.latencies, ms)
 		s.podLat[r.pod] = append(s.podLat[r.pod], ms)
 	}
@@ -421,7 +441,11 @@ func (s *simulation) onSnapshot(t float64) {
 		s.snapCPU[p.id] = append(s.snapCPU[p.id], p.cpu)
 		s.snapServed[p.id] = append(s.snapServed[p.id], p.served)
 	}
-	s.secondMark = append(s.secondMark, len(s.latencies))
+	if int(t)%timelineBucket == 0 {
+		pc := percentiles(s.bucketLat)
+		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: pc.P50, P99: pc.P99, RPS: float64(len(s.bucketLat)) / timelineBucket})
+		s.bucketLat = s.bucketLat[:0]
+	}
 	if s.warmAt == nil && t >= s.warmup {
 		s.markWarm(t)
 	}

@@ -17,8 +17,8 @@ const (
 	ReasonClampedMax       = "clamped at max"
 	ReasonClampedMin       = "clamped at min"
 	ReasonStepLimited      = "step limited"
-	ReasonCapacity         = "proportional to estimated capacity"
-	ReasonUtilization      = "corrected toward fleet utilization"
+	ReasonCapacity         = "share from estimated capacity"
+	ReasonUtilization      = "corrected toward target share"
 	ReasonCPUDistance      = "moved against CPU distance from mean"
 	ReasonCPUNearMean      = "CPU within dead band of mean"
 	ReasonWindowUnsettled  = "weights changed during the window: kept until a clean window"
@@ -110,13 +110,14 @@ func equalWeights(endpoints []Endpoint, s Settings, reason string) Decision {
 
 // computeCapacity implements AlgorithmCapacity.
 //
-// Each endpoint's capacity is its CPU limit divided by its CPU cost per request (cpu/rps), so its
-// utilization is cpu/limit. The first adaptive step jumps straight to weights proportional to
-// capacity. Envoy does not turn weights into traffic shares one-to-one (weighted LEAST_REQUEST
-// divides each weight by active+1), so later steps correct each weight by how far the endpoint's
-// utilization sits from the fleet's: an integral controller whose state is the applied weight
-// itself, which therefore survives operator restarts. Feedback only runs on windows observed
-// entirely under the current weights; a mixed window would make it correct twice.
+// Each endpoint's capacity is its CPU limit divided by its CPU cost per request (cpu/rps). The
+// load is split into target traffic shares by the square-root rule (targetShares). The first
+// adaptive step jumps straight to weights proportional to those shares. Envoy does not turn
+// weights into traffic shares one-to-one (weighted LEAST_REQUEST divides each weight by
+// active+1), so later steps correct each weight by how far its observed share sits from its
+// target: an integral controller whose state is the applied weight itself, which therefore
+// survives operator restarts. Feedback only runs on windows observed entirely under the current
+// weights; a mixed window would make it correct twice.
 func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decision {
 	p := s.Capacity
 	n := len(endpoints)
@@ -147,14 +148,15 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 		}
 		return fallbackLimit
 	}
-	var totalRate, totalCap float64
+	capacity := make([]float64, n)
+	var totalRate float64
 	for i, ep := range endpoints {
 		if ok[i] {
+			capacity[i] = limit(ep) * ep.RequestRate / ep.CPUCores
 			totalRate += ep.RequestRate
-			totalCap += limit(ep) * ep.RequestRate / ep.CPUCores
 		}
 	}
-	fleetUtil := totalRate / totalCap
+	share := targetShares(capacity, ok, totalRate)
 
 	firstStep := !adapted(endpoints, ok)
 	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {
@@ -170,13 +172,13 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 		if !ok[i] {
 			continue
 		}
-		util := ep.CPUCores / limit(ep)
 		switch {
 		case firstStep:
-			logTarget[i] = math.Log(limit(ep) * ep.RequestRate / ep.CPUCores)
+			logTarget[i] = math.Log(share[i])
 			reasons[i] = ReasonCapacity
 		case ep.CurrentWeight > 0:
-			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*math.Log(fleetUtil/util)
+			observed := ep.RequestRate / totalRate
+			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*math.Log(share[i]/observed)
 			reasons[i] = ReasonUtilization
 		default:
 			reasons[i] = ReasonNewEndpoint
@@ -184,15 +186,21 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 		}
 		have[i] = true
 	}
-	// Normalise so the median endpoint sits at MedianWeight: only ratios matter to Envoy, and a
-	// fixed scale keeps weights from drifting cycle after cycle.
-	var logs []float64
+	// Only ratios matter to Envoy; scaleShift picks the common scale. Endpoints that the ratio
+	// bound will lift to the floor do not count toward the median.
+	maxLog := math.Inf(-1)
 	for i := range endpoints {
 		if have[i] {
+			maxLog = math.Max(maxLog, logTarget[i])
+		}
+	}
+	var logs []float64
+	for i := range endpoints {
+		if have[i] && logTarget[i] >= maxLog-math.Log(p.MaxWeightRatio) {
 			logs = append(logs, logTarget[i])
 		}
 	}
-	shift := scaleShift(endpoints, have, logs, firstStep, s)
+	shift := scaleShift(endpoints, have, logTarget, logs, maxLog, firstStep, s)
 	target := make([]float64, n)
 	hi := 0.0
 	for i := range endpoints {
@@ -231,38 +239,34 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 		}
 	}
 	if firstStep {
-		d.Reason = "weights set proportional to estimated capacity"
+		d.Reason = "weights set from estimated capacity"
 	} else {
-		d.Reason = "weights corrected toward equal utilization"
+		d.Reason = "weights corrected toward the target traffic shares"
 	}
 	applyDeadBand(endpoints, &d, p.DeadBand)
 	return d
 }
 
 // scaleShift is the log-space offset that sets the weights' common scale; only ratios matter to
-// Envoy. A first step puts the median endpoint at MedianWeight. Later steps keep the scale the
-// current weights already have, so converged weights are reproduced exactly and cost no write,
-// unless that scale would push weights past MinWeight or MaxWeight.
-func scaleShift(endpoints []Endpoint, have []bool, logs []float64, firstStep bool, s Settings) float64 {
-	toMedianWeight := math.Log(float64(s.Capacity.MedianWeight)) - median(logs)
-	if firstStep {
-		return toMedianWeight
-	}
-	var current []float64
-	for i, ep := range endpoints {
-		if have[i] {
-			current = append(current, math.Log(float64(ep.CurrentWeight)))
+// Envoy. A first step puts the median of the unfloored endpoints at MedianWeight. Later steps keep
+// the scale the current weights already have, so converged weights are reproduced exactly and
+// cost no write. Either way the largest weight never passes MaxWeight, so ratios survive clamping.
+func scaleShift(endpoints []Endpoint, have []bool, logTarget, unfloored []float64, maxLog float64, firstStep bool, s Settings) float64 {
+	shift := math.Log(float64(s.Capacity.MedianWeight)) - median(unfloored)
+	if !firstStep {
+		var current, target []float64
+		for i, ep := range endpoints {
+			if have[i] {
+				current = append(current, math.Log(float64(ep.CurrentWeight)))
+				target = append(target, logTarget[i])
+			}
 		}
+		shift = median(current) - median(target)
 	}
-	keepScale := median(current) - median(logs)
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, l := range logs {
-		lo, hi = math.Min(lo, l), math.Max(hi, l)
+	if maxLog+shift > math.Log(float64(s.MaxWeight)) {
+		shift = math.Log(float64(s.MaxWeight)) - maxLog
 	}
-	if math.Exp(hi+keepScale) > float64(s.MaxWeight) || math.Exp(lo+keepScale) < float64(s.MinWeight) {
-		return toMedianWeight
-	}
-	return keepScale
+	return shift
 }
 
 // hasNew reports whether an endpoint still needs its first weight.
@@ -273,6 +277,37 @@ func hasNew(endpoints []Endpoint, ok []bool) bool {
 		}
 	}
 	return false
+}
+
+// targetShares splits the total request rate over the endpoints by the square-root rule: endpoint
+// i gets λᵢ = μᵢ − c·√μᵢ, where μᵢ is its capacity and c is chosen so the λᵢ add up to the load.
+// For parallel queues this minimises the mean time in system (the classic result for routing to
+// M/M/1 servers of different speeds): it loads fast endpoints beyond their capacity share, since
+// a request served there is served sooner, while keeping c·√μᵢ of headroom on each. At or above
+// full load c would turn negative and the rule degrades to shares proportional to capacity.
+// Endpoints the rule leaves without traffic keep a small positive share; the weight ratio bound
+// then lifts them to the floor so they stay in rotation.
+func targetShares(capacity []float64, ok []bool, load float64) []float64 {
+	var sumMu, sumSqrt float64
+	for i, mu := range capacity {
+		if ok[i] {
+			sumMu += mu
+			sumSqrt += math.Sqrt(mu)
+		}
+	}
+	c := math.Max(0, (sumMu-load)/sumSqrt)
+	shares := make([]float64, len(capacity))
+	var total float64
+	for i, mu := range capacity {
+		if ok[i] {
+			shares[i] = math.Max(mu-c*math.Sqrt(mu), 1e-3*mu)
+			total += shares[i]
+		}
+	}
+	for i := range shares {
+		shares[i] /= total
+	}
+	return shares
 }
 
 // adapted reports whether usable endpoints already carry unequal weights, i.e. a previous cycle
@@ -308,15 +343,27 @@ func boundStep(target float64, current int, ratio float64, reason *string) float
 	return target
 }
 
-// applyDeadBand keeps every current weight when no endpoint moved by more than the dead band, so
-// that noise never costs an istiod push. Endpoints without a weight yet always force a write.
+// applyDeadBand keeps every current weight when no endpoint moved enough to matter, so that
+// noise never costs an istiod push. An endpoint moves when its weight changes by at least the
+// dead band relative to itself and its expected traffic share (weight over total weight) changes
+// by at least the dead band times the mean share: a 20% swing of an endpoint that gets 1% of
+// the traffic shifts 0.2% of it and is not worth a push. Endpoints without a weight yet always
+// force a write.
 func applyDeadBand(endpoints []Endpoint, d *Decision, deadBand float64) {
+	var curTotal, newTotal float64
 	for i, ep := range endpoints {
 		if ep.CurrentWeight <= 0 {
 			return
 		}
-		cur := float64(ep.CurrentWeight)
-		if math.Abs(float64(d.Endpoints[i].Weight)-cur)/cur >= deadBand {
+		curTotal += float64(ep.CurrentWeight)
+		newTotal += float64(d.Endpoints[i].Weight)
+	}
+	meanShare := 1 / float64(len(endpoints))
+	for i, ep := range endpoints {
+		cur, next := float64(ep.CurrentWeight), float64(d.Endpoints[i].Weight)
+		relative := math.Abs(next-cur) / cur
+		shareMove := math.Abs(next/newTotal - cur/curTotal)
+		if relative >= deadBand && shareMove >= deadBand*meanShare {
 			return
 		}
 	}

@@ -64,20 +64,22 @@ func TestCompute_CPUDistanceMatchesPublishedFormula(t *testing.T) {
 	}
 }
 
-func TestCompute_CapacityFirstStepIsProportionalToCapacity(t *testing.T) {
-	// Costs per request 1, 1, 2, 4 ms at limit 2: capacities 2000, 2000, 1000, 500 rps.
+func TestCompute_CapacityFirstStepSplitsLoadByTheSquareRootRule(t *testing.T) {
+	// Equal weights, 400 rps each, limit 2: capacities μ = 900, 900, 400, 400 rps (CPU 0.889 and
+	// 2.0). Load Λ = 1600, Σμ = 2600, Σ√μ = 100, so c = (2600−1600)/100 = 10 and the target rates
+	// μ − c√μ are 600, 600, 200, 200: shares 3:3:1:1. The median of the log shares maps to 100,
+	// so the weights are 100·√3 and 100/√3.
 	eps := []Endpoint{
-		ep("a", 0.1, 100, 2, 1),
-		ep("b", 0.1, 100, 2, 1),
-		ep("c", 0.2, 100, 2, 1),
-		ep("d", 0.4, 100, 2, 1),
+		ep("a", 800.0/900, 400, 2, 1),
+		ep("b", 800.0/900, 400, 2, 1),
+		ep("c", 2.0, 400, 2, 1),
+		ep("d", 2.0, 400, 2, 1),
 	}
 	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Median of log capacities is log(√(1000·2000)); scaled to 100: 141.4, 141.4, 70.7, 35.4.
-	if got, want := weightsOf(d), []int{141, 141, 71, 35}; !reflect.DeepEqual(got, want) {
+	if got, want := weightsOf(d), []int{173, 173, 58, 58}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("weights = %v, want %v", got, want)
 	}
 	if !d.Changed {
@@ -87,6 +89,43 @@ func TestCompute_CapacityFirstStepIsProportionalToCapacity(t *testing.T) {
 		if r.Reason != ReasonCapacity {
 			t.Fatalf("endpoint %s reason %q, want %q", r.ID, r.Reason, ReasonCapacity)
 		}
+	}
+}
+
+func TestTargetShares(t *testing.T) {
+	ok := []bool{true, true, true, true}
+	cases := map[string]struct {
+		capacity []float64
+		load     float64
+		want     []float64
+	}{
+		"moderate load: fast endpoints get more than their capacity share": {
+			capacity: []float64{900, 900, 400, 400}, load: 1600, want: []float64{0.375, 0.375, 0.125, 0.125},
+		},
+		"full load: shares proportional to capacity": {
+			capacity: []float64{900, 900, 400, 400}, load: 2600, want: []float64{900.0 / 2600, 900.0 / 2600, 400.0 / 2600, 400.0 / 2600},
+		},
+		"overload: still proportional": {
+			capacity: []float64{900, 900, 400, 400}, load: 5000, want: []float64{900.0 / 2600, 900.0 / 2600, 400.0 / 2600, 400.0 / 2600},
+		},
+		"equal capacities: equal shares at any load": {
+			capacity: []float64{300, 300, 300, 300}, load: 100, want: []float64{0.25, 0.25, 0.25, 0.25},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := targetShares(tc.capacity, ok, tc.load)
+			for i := range got {
+				if math.Abs(got[i]-tc.want[i]) > 1e-9 {
+					t.Fatalf("shares = %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+	// Light load: the slow endpoints' rate would be negative; they keep a trickle, never zero.
+	got := targetShares([]float64{900, 900, 400, 400}, ok, 100)
+	if got[2] <= 0 || got[2] > 0.01 {
+		t.Fatalf("light load: slow share %v, want a small positive trickle", got[2])
 	}
 }
 
@@ -127,23 +166,31 @@ func TestCompute_CapacityFeedbackMovesWeightAgainstHighUtilization(t *testing.T)
 	}
 }
 
+// converged serves the target shares of TestCompute_CapacityFirstStepSplitsLoadByTheSquareRootRule
+// (600, 600, 200, 200 rps for capacities 900, 900, 400, 400) at weights 3:3:1:1.
+func converged(cpuNoise ...float64) []Endpoint {
+	eps := []Endpoint{ep("a", 1200.0/900, 600, 2, 300), ep("b", 1200.0/900, 600, 2, 300), ep("c", 1, 200, 2, 100), ep("d", 1, 200, 2, 100)}
+	for i, f := range cpuNoise {
+		eps[i].CPUCores *= f
+	}
+	return eps
+}
+
 func TestCompute_CapacitySteadySignalsInsideDeadBandWriteNothing(t *testing.T) {
-	// Utilization is equal everywhere: the feedback has nothing to correct.
-	eps := []Endpoint{ep("a", 1, 400, 2, 200), ep("b", 1, 200, 2, 100), ep("c", 1, 100, 2, 50)}
-	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: converged()}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d.Changed {
 		t.Fatalf("changed = true for converged weights: %+v", d.Endpoints)
 	}
-	if got, want := weightsOf(d), []int{200, 100, 50}; !reflect.DeepEqual(got, want) {
+	if got, want := weightsOf(d), []int{300, 300, 100, 100}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("weights = %v, want the current %v", got, want)
 	}
 }
 
 func TestCompute_CapacitySmallNoiseStaysInsideDeadBand(t *testing.T) {
-	eps := []Endpoint{ep("a", 1.02, 400, 2, 200), ep("b", 1, 200, 2, 100), ep("c", 0.99, 100, 2, 50)}
+	eps := converged(1.02, 0.99, 1.01, 0.98)
 	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
@@ -198,19 +245,21 @@ func TestCompute_MissingData(t *testing.T) {
 		wantWeights []int
 		wantReasons []string
 	}{
+		// a, b, c: capacities 900, 400, 400 at 400 rps each; c = 500/70, target rates 685.7,
+		// 257.1, 257.1: a gets 100·685.7/257.1.
 		"an endpoint without metrics gets the median of the decided weights": {
-			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.2, 100, 2, 1), ep("c", 0.4, 100, 2, 1), ep("x", 0, 0, 2, 1, noMetrics)},
-			wantWeights: []int{200, 100, 50, 100},
+			endpoints:   []Endpoint{ep("a", 800.0/900, 400, 2, 1), ep("b", 2, 400, 2, 1), ep("c", 2, 400, 2, 1), ep("x", 0, 0, 2, 1, noMetrics)},
+			wantWeights: []int{267, 100, 100, 100},
 			wantReasons: []string{ReasonCapacity, ReasonCapacity, ReasonCapacity, ReasonNoMetrics},
 		},
 		"NaN CPU is treated as missing, never propagated": {
-			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.2, 100, 2, 1), ep("c", 0.4, 100, 2, 1), ep("x", nan, 100, 2, 1)},
-			wantWeights: []int{200, 100, 50, 100},
+			endpoints:   []Endpoint{ep("a", 800.0/900, 400, 2, 1), ep("b", 2, 400, 2, 1), ep("c", 2, 400, 2, 1), ep("x", nan, 100, 2, 1)},
+			wantWeights: []int{267, 100, 100, 100},
 			wantReasons: []string{ReasonCapacity, ReasonCapacity, ReasonCapacity, ReasonInvalidMetrics},
 		},
 		"+Inf request rate is treated as missing": {
-			endpoints:   []Endpoint{ep("a", 0.1, 100, 2, 1), ep("b", 0.2, 100, 2, 1), ep("c", 0.4, 100, 2, 1), ep("x", 0.1, math.Inf(1), 2, 1)},
-			wantWeights: []int{200, 100, 50, 100},
+			endpoints:   []Endpoint{ep("a", 800.0/900, 400, 2, 1), ep("b", 2, 400, 2, 1), ep("c", 2, 400, 2, 1), ep("x", 0.1, math.Inf(1), 2, 1)},
+			wantWeights: []int{267, 100, 100, 100},
 			wantReasons: []string{ReasonCapacity, ReasonCapacity, ReasonCapacity, ReasonInvalidMetrics},
 		},
 		"fewer than two endpoints with data: all equal": {

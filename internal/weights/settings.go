@@ -36,7 +36,8 @@ type CapacityParams struct {
 	MaxStepRatio float64
 	// MaxWeightRatio bounds the ratio between the largest and the smallest weight.
 	MaxWeightRatio float64
-	// DeadBand is the relative weight change below which an update is not worth a write.
+	// DeadBand is the change below which an update is not worth a write: relative to the weight,
+	// and times the mean traffic share for the share the endpoint would gain or lose.
 	DeadBand float64
 	// MinRequestRate is the request rate below which an endpoint's cost per request is too noisy
 	// to trust; such an endpoint keeps the fleet's median cost.
@@ -63,7 +64,7 @@ func DefaultSettings(alg Algorithm) Settings {
 			MinWeight: 10,
 			MaxWeight: 1000,
 			Capacity: CapacityParams{
-				Gain:           0.8,
+				Gain:           0.5,
 				MaxStepRatio:   4,
 				MaxWeightRatio: 20,
 				DeadBand:       0.05,
