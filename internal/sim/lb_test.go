@@ -83,8 +83,8 @@ func TestBalancer_WeightedLeastRequestDividesWeightByActivePlusOne(t *testing.T)
 		wantShare float64 // share of host 0
 	}{
 		{bias: 1, wantShare: 0.5 / 1.5},
-		{bias: 0, wantShare: 2.0 / 3},                                // bias 0: plain weights
-		{bias: 2, wantShare: (2.0 / 16) / (2.0/16 + 1)},              // 2/(4^2) vs 1
+		{bias: 0, wantShare: 2.0 / 3},                                  // bias 0: plain weights
+		{bias: 2, wantShare: (2.0 / 16) / (2.0/16 + 1)},                // 2/(4^2) vs 1
 		{bias: 0.5, wantShare: (2.0 / 2) / (2.0/2 + 1.0/math.Sqrt(1))}, // 2/√4 vs 1
 	} {
 		b := newBalancer(LBLeastRequest, 2, tc.bias)

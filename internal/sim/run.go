@@ -75,18 +75,18 @@ type simulation struct {
 	groups [][]int32 // pod ids per group, in creation order
 	hosts  []int32   // pods in the host set, in creation order
 
-	weightOf   map[int32]int // controller weights by pod id; empty until the first write
-	balancers  [][]*balancer // [proxy][worker]
-	active     [][]int32     // [proxy][pod id] requests in flight as the proxy sees them
-	reqs       []request
-	finish     []float64 // per request id: the pod's vwork at which it completes
-	free       []int32   // recycled request ids
-	netHalf    float64
-	latencies  []float32 // ms, requests sent after warm-up, in completion order
-	podLat     [][]float32
-	bucketLat  []float32 // ms, every response in the current timeline bucket, warm-up included
-	timeline   []TimelinePoint
-	totalSent  uint64
+	weightOf  map[int32]int // controller weights by pod id; empty until the first write
+	balancers [][]*balancer // [proxy][worker]
+	active    [][]int32     // [proxy][pod id] requests in flight as the proxy sees them
+	reqs      []request
+	finish    []float64 // per request id: the pod's vwork at which it completes
+	free      []int32   // recycled request ids
+	netHalf   float64
+	latencies []float32 // ms, requests sent after warm-up, in completion order
+	podLat    [][]float32
+	bucketLat []float32 // ms, every response in the current timeline bucket, warm-up included
+	timeline  []TimelinePoint
+	totalSent uint64
 
 	// Controller state.
 	snapCPU      [][]float64 // [pod id][second] cumulative CPU-seconds
