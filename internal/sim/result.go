@@ -21,6 +21,9 @@ type Result struct {
 	ThrottledSeconds float64 `json:"throttled_seconds"`
 	// MeanInSystem is the time-average number of requests inside pods (for Little's law).
 	MeanInSystem float64 `json:"mean_in_system"`
+	// SteadyAfterS is the first time from which the 10 s p99 stays within a factor 1.5 of the
+	// second half's median p99: how long the policy took to settle.
+	SteadyAfterS float64 `json:"steady_after_s"`
 }
 
 // Percentiles are latency percentiles in milliseconds.
@@ -101,6 +104,7 @@ func (s *simulation) result() *Result {
 		})
 	}
 	r.Timeline = s.timeline
+	r.SteadyAfterS = steadyAfter(r.Timeline)
 	return r
 }
 
@@ -123,4 +127,39 @@ func percentiles(xs []float32) Percentiles {
 		return float64(c[i])
 	}
 	return Percentiles{P50: at(0.5), P90: at(0.9), P95: at(0.95), P99: at(0.99), P999: at(0.999), Mean: sum / float64(len(c))}
+}
+
+// steadyBand is how far a 10 s p99 may stray from the steady level and still count as steady.
+const steadyBand = 1.5
+
+// steadyAfter returns the start of the final stretch of the timeline in which every point's p99
+// (as a moving median of three) lies within steadyBand of the median p99 of the second half.
+func steadyAfter(tl []TimelinePoint) float64 {
+	if len(tl) < 2 {
+		return 0
+	}
+	var second []float32
+	for _, p := range tl[len(tl)/2:] {
+		second = append(second, float32(p.P99))
+	}
+	level := percentiles(second).P50
+	// Single 10 s p99s are noisy; judge the moving median of three.
+	smooth := func(i int) float64 {
+		lo, hi := max(0, i-1), min(len(tl)-1, i+1)
+		var w []float32
+		for j := lo; j <= hi; j++ {
+			w = append(w, float32(tl[j].P99))
+		}
+		return percentiles(w).P50
+	}
+	at := tl[len(tl)-1].TimeS
+	for i := len(tl) - 1; i >= 0; i-- {
+		p := smooth(i)
+		if p > level*steadyBand || p < level/steadyBand {
+			break
+		}
+		// The bucket ending at TimeS started timelineBucket earlier.
+		at = tl[i].TimeS - timelineBucket
+	}
+	return at
 }

@@ -192,3 +192,10 @@ pods:
 		t.Fatalf("%d requests completed, want about %d: requests were lost in the restart", got, wantReq)
 	}
 }
+
+func TestSteadyAfter(t *testing.T) {
+	tl := []TimelinePoint{{TimeS: 10, P99: 80}, {TimeS: 20, P99: 75}, {TimeS: 30, P99: 70}, {TimeS: 40, P99: 41}, {TimeS: 50, P99: 40}, {TimeS: 60, P99: 39}, {TimeS: 70, P99: 42}, {TimeS: 80, P99: 40}}
+	if got := steadyAfter(tl); got != 30 {
+		t.Fatalf("steady after %v s, want 30 (the moving median settles from the bucket ending at 40 s)", got)
+	}
+}
