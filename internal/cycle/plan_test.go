@@ -29,7 +29,9 @@ func skewed(current ...int) []weights.Endpoint {
 }
 
 func target(key string, eps []weights.Endpoint) Target {
-	return Target{Key: key, Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), HoldTime: 5 * interval}
+	s := weights.DefaultSettings(weights.AlgorithmCapacity)
+	s.Capacity.PlanningLoadFactor = 1 // hand-computed converged states assume the load as seen
+	return Target{Key: key, Endpoints: eps, Settings: s, HoldTime: 5 * interval}
 }
 
 func TestPlan_WritesOnlyRealChanges(t *testing.T) {

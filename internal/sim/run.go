@@ -19,10 +19,14 @@ const (
 	PolicyLeastRequest = LBLeastRequest
 	PolicyCPUDistance  = string(weights.AlgorithmCPUDistance)
 	PolicyCapacity     = string(weights.AlgorithmCapacity)
+	// PolicyOracle writes static weights proportional to every pod's true capacity, known from
+	// the scenario, on the scenario's client balancer: what perfect knowledge of the hardware gives
+	// a weight-based approach.
+	PolicyOracle = "oracle"
 )
 
 // Policies lists every policy name accepted by Run.
-var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity}
+var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle}
 
 // DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
 var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity}
@@ -125,6 +129,10 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 	switch policy {
 	case PolicyRoundRobin, PolicyRandom, PolicyLeastRequest:
 		lb = policy
+	case PolicyOracle:
+		if len(opts.StaticWeights) == 0 {
+			s.opts.StaticWeights = OracleWeights(sc)
+		}
 	default:
 		st := weights.DefaultSettings(weights.Algorithm(policy))
 		if opts.Settings != nil {
@@ -149,12 +157,12 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 			s.addPod(g, 0)
 		}
 	}
-	if len(opts.StaticWeights) > 0 {
+	if len(s.opts.StaticWeights) > 0 {
 		if s.settings != nil {
 			return nil, fmt.Errorf("static weights and the %s controller exclude each other", policy)
 		}
 		for _, id := range s.hosts {
-			w, ok := opts.StaticWeights[sc.Pods[s.pods[id].group].Name]
+			w, ok := s.opts.StaticWeights[sc.Pods[s.pods[id].group].Name]
 			if !ok || w < 1 {
 				return nil, fmt.Errorf("static weights: pod group %q needs a weight of at least 1", sc.Pods[s.pods[id].group].Name)
 			}
@@ -640,3 +648,26 @@ func (s *simulation) settle(t float64) {
 }
 
 var errNoSamples = errors.New("no request completed after warm-up; lengthen the run or the load")
+
+// OracleWeights returns, per pod group, a weight proportional to the group's true capacity at
+// the start of the run: CPU (its limit, or its cores when unlimited) × speed / mean cost. The
+// largest group gets 1000. Speed changes during the run are not followed: the oracle knows the
+// hardware, not the future.
+func OracleWeights(sc *Scenario) map[string]int {
+	capacity := make(map[string]float64, len(sc.Pods))
+	hi := 0.0
+	for _, p := range sc.Pods {
+		cpu := p.CPULimit
+		if cpu == 0 || cpu > p.Cores {
+			cpu = p.Cores
+		}
+		c := cpu * p.Speed / p.Cost.Mean.Seconds()
+		capacity[p.Name] = c
+		hi = math.Max(hi, c)
+	}
+	out := make(map[string]int, len(capacity))
+	for name, c := range capacity {
+		out[name] = max(1, int(math.Round(1000*c/hi)))
+	}
+	return out
+}

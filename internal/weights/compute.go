@@ -156,7 +156,7 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 			totalRate += ep.RequestRate
 		}
 	}
-	share := targetShares(capacity, ok, totalRate)
+	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
 
 	firstStep := !adapted(endpoints, ok)
 	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {

@@ -64,6 +64,14 @@ func TestCompute_CPUDistanceMatchesPublishedFormula(t *testing.T) {
 	}
 }
 
+// planAsSeen is the capacity default with the load planned as observed, so that hand-computed
+// square-root splits apply directly.
+func planAsSeen() Settings {
+	s := DefaultSettings(AlgorithmCapacity)
+	s.Capacity.PlanningLoadFactor = 1
+	return s
+}
+
 func TestCompute_CapacityFirstStepSplitsLoadByTheSquareRootRule(t *testing.T) {
 	// Equal weights, 400 rps each, limit 2: capacities μ = 900, 900, 400, 400 rps (CPU 0.889 and
 	// 2.0). Load Λ = 1600, Σμ = 2600, Σ√μ = 100, so c = (2600−1600)/100 = 10 and the target rates
@@ -75,7 +83,7 @@ func TestCompute_CapacityFirstStepSplitsLoadByTheSquareRootRule(t *testing.T) {
 		ep("c", 2.0, 400, 2, 1),
 		ep("d", 2.0, 400, 2, 1),
 	}
-	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, planAsSeen())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +185,7 @@ func converged(cpuNoise ...float64) []Endpoint {
 }
 
 func TestCompute_CapacitySteadySignalsInsideDeadBandWriteNothing(t *testing.T) {
-	d, err := Compute(Input{Endpoints: converged()}, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: converged()}, planAsSeen())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +199,7 @@ func TestCompute_CapacitySteadySignalsInsideDeadBandWriteNothing(t *testing.T) {
 
 func TestCompute_CapacitySmallNoiseStaysInsideDeadBand(t *testing.T) {
 	eps := converged(1.02, 0.99, 1.01, 0.98)
-	d, err := Compute(Input{Endpoints: eps}, DefaultSettings(AlgorithmCapacity))
+	d, err := Compute(Input{Endpoints: eps}, planAsSeen())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +283,7 @@ func TestCompute_MissingData(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			d, err := Compute(Input{Endpoints: tc.endpoints}, DefaultSettings(AlgorithmCapacity))
+			d, err := Compute(Input{Endpoints: tc.endpoints}, planAsSeen())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -421,5 +429,24 @@ func TestCompute_CapacityWaitsForAWindowObservedUnderTheCurrentWeights(t *testin
 	first, _ := Compute(Input{Endpoints: fresh, WindowCoverage: 0.1}, DefaultSettings(AlgorithmCapacity))
 	if !first.Changed {
 		t.Fatal("the first step must not wait for a settled window")
+	}
+}
+
+func TestCompute_CapacityPlansForMoreLoadThanSeen(t *testing.T) {
+	// The capacities of TestCompute_CapacityFirstStepSplitsLoadByTheSquareRootRule at 1,600 rps
+	// give shares 3:3:1:1. Planning for 1.5 × 1,600 = 2,400 rps gives c = 2 and target rates
+	// 840, 840, 360, 360: a ratio of 7:3, less skewed, leaving the fast pods room for a burst.
+	eps := []Endpoint{ep("a", 800.0/900, 400, 2, 1), ep("b", 800.0/900, 400, 2, 1), ep("c", 2.0, 400, 2, 1), ep("d", 2.0, 400, 2, 1)}
+	s := DefaultSettings(AlgorithmCapacity)
+	if s.Capacity.PlanningLoadFactor != 1.5 {
+		t.Fatalf("default planning factor %v, want 1.5", s.Capacity.PlanningLoadFactor)
+	}
+	d, err := Compute(Input{Endpoints: eps}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Median of the log shares → 100: 100·√(7/3) and 100/√(7/3).
+	if got, want := weightsOf(d), []int{153, 153, 65, 65}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("weights = %v, want %v", got, want)
 	}
 }
