@@ -72,3 +72,19 @@ envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k
 .PHONY: victoriametrics
 victoriametrics: ## Build VictoriaMetrics single-node into $(TOOLS_DIR)/victoria-metrics.
 	hack/build-victoriametrics.sh "$(TOOLS_DIR)/victoria-metrics"
+
+##@ Code generation
+
+CONTROLLER_GEN ?= $(TOOLS_DIR)/controller-gen
+
+.PHONY: controller-gen
+controller-gen: ## Build controller-gen from hack/tools into $(TOOLS_DIR).
+	@test -x "$(CONTROLLER_GEN)" || (cd hack/tools && GOFLAGS=-mod=mod $(GO) build -o "$(CONTROLLER_GEN)" sigs.k8s.io/controller-tools/cmd/controller-gen)
+
+.PHONY: manifests
+manifests: controller-gen ## Generate the CRD and RBAC manifests into config/.
+	"$(CONTROLLER_GEN)" rbac:roleName=adaptive-lb crd paths="./api/..." paths="./internal/controller/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+
+.PHONY: generate
+generate: controller-gen ## Generate DeepCopy methods for the API types.
+	"$(CONTROLLER_GEN)" object paths="./api/..."

@@ -1,0 +1,248 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Mode says whether the operator writes weights.
+// +kubebuilder:validation:Enum=Active;DryRun
+type Mode string
+
+const (
+	// ModeActive mirrors the endpoints and writes computed weights.
+	ModeActive Mode = "Active"
+	// ModeDryRun mirrors the endpoints with equal weights and only publishes the weights it would
+	// write, in status and metrics.
+	ModeDryRun Mode = "DryRun"
+)
+
+// Algorithm names a weight algorithm.
+// +kubebuilder:validation:Enum=capacity;cpu-distance
+type Algorithm string
+
+const (
+	AlgorithmCapacity    Algorithm = "capacity"
+	AlgorithmCPUDistance Algorithm = "cpu-distance"
+)
+
+// AdaptiveLoadBalancerSpec opts one Service into adaptive endpoint weights.
+// +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || !has(self.maxWeight) || self.minWeight <= self.maxWeight",message="minWeight must not exceed maxWeight"
+type AdaptiveLoadBalancerSpec struct {
+	// TargetRef names the Service, in the same namespace, whose endpoints get weights.
+	// +required
+	TargetRef TargetRef `json:"targetRef"`
+
+	// Ports selects Service ports by number; empty means every port of the Service.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	Ports []int32 `json:"ports,omitempty"`
+
+	// Mode is Active (write weights) or DryRun (compute and publish them only).
+	// +optional
+	// +kubebuilder:default=Active
+	Mode Mode `json:"mode,omitempty"`
+
+	// Algorithm computes the weights.
+	// +optional
+	// +kubebuilder:default=capacity
+	Algorithm Algorithm `json:"algorithm,omitempty"`
+
+	// Interval between weight cycles for this Service; a multiple of the operator's cycle tick.
+	// +optional
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('5s') && duration(self) <= duration('10m')",message="interval must be between 5s and 10m"
+	Interval *metav1.Duration `json:"interval,omitempty"`
+
+	// MinWeight is the smallest weight written (Envoy ignores weight 0).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MinWeight *int32 `json:"minWeight,omitempty"`
+
+	// MaxWeight is the largest weight written.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000000
+	MaxWeight *int32 `json:"maxWeight,omitempty"`
+
+	// Capacity tunes the capacity algorithm.
+	// +optional
+	Capacity *CapacityParameters `json:"capacity,omitempty"`
+
+	// CPUDistance tunes the cpu-distance algorithm.
+	// +optional
+	CPUDistance *CPUDistanceParameters `json:"cpuDistance,omitempty"`
+
+	// Metrics overrides how this Service's signals are queried.
+	// +optional
+	Metrics *MetricsSpec `json:"metrics,omitempty"`
+
+	// ExportTo limits the namespaces the generated ServiceEntry is visible to, as in Istio's
+	// ServiceEntry.exportTo ("." for this namespace, "*" for all). Empty exports it like the Service.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	ExportTo []string `json:"exportTo,omitempty"`
+}
+
+// TargetRef names a Service in the same namespace.
+type TargetRef struct {
+	// Name of the Service.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+}
+
+// Decimal is a decimal number written as a string, such as "0.5".
+// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
+// +kubebuilder:validation:MaxLength=16
+type Decimal string
+
+// CapacityParameters tune the capacity algorithm; unset fields take the operator's defaults.
+type CapacityParameters struct {
+	// Gain is the fraction of the way toward the target shares taken per cycle, in (0, 1].
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) > 0.0 && double(self) <= 1.0",message="gain must be in (0, 1]"
+	Gain *Decimal `json:"gain,omitempty"`
+	// MaxStepRatio bounds one cycle's change of a weight to [w/r, w*r]; greater than 1.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) > 1.0",message="maxStepRatio must be greater than 1"
+	MaxStepRatio *Decimal `json:"maxStepRatio,omitempty"`
+	// MaxWeightRatio bounds the largest weight over the smallest; at least 1.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="maxWeightRatio must be at least 1"
+	MaxWeightRatio *Decimal `json:"maxWeightRatio,omitempty"`
+	// DeadBand is the relative change below which nothing is written, in [0, 1).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) < 1.0",message="deadBand must be below 1"
+	DeadBand *Decimal `json:"deadBand,omitempty"`
+	// MinRequestRate is the request rate (per second) below which a pod's cost is not trusted.
+	// +optional
+	MinRequestRate *Decimal `json:"minRequestRate,omitempty"`
+	// PlanningLoadFactor splits traffic as if the load were this many times the observed one; at least 1.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="planningLoadFactor must be at least 1"
+	PlanningLoadFactor *Decimal `json:"planningLoadFactor,omitempty"`
+}
+
+// CPUDistanceParameters tune the cpu-distance algorithm (the published operator's).
+type CPUDistanceParameters struct {
+	// K scales the relative CPU distance into a weight change, in (0, 1].
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) > 0.0 && double(self) <= 1.0",message="k must be in (0, 1]"
+	K *Decimal `json:"k,omitempty"`
+	// DeadBand is the relative CPU distance below which a weight is left alone, in [0, 1).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) < 1.0",message="deadBand must be below 1"
+	DeadBand *Decimal `json:"deadBand,omitempty"`
+}
+
+// MetricsSpec overrides the operator's metric queries for this Service.
+type MetricsSpec struct {
+	// Queries are Go text/template PromQL templates, one per signal; unset ones use the
+	// operator's. See docs/metrics.md for the template data.
+	// +optional
+	Queries *QueryOverrides `json:"queries,omitempty"`
+}
+
+// QueryOverrides holds one PromQL template per signal.
+type QueryOverrides struct {
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	CPU string `json:"cpu,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	RequestRate string `json:"requestRate,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	ErrorRate string `json:"errorRate,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	LatencyP99 string `json:"latencyP99,omitempty"`
+}
+
+// AdaptiveLoadBalancerStatus is what the operator observed and did.
+type AdaptiveLoadBalancerStatus struct {
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Ready, EndpointsMirrored, MetricsAvailable and WeightsApplied.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ServiceEntry is the name of the ServiceEntry the operator owns for this Service.
+	// +optional
+	ServiceEntry string `json:"serviceEntry,omitempty"`
+
+	// EndpointCount is the number of endpoints mirrored into the ServiceEntry.
+	// +optional
+	EndpointCount int32 `json:"endpointCount,omitempty"`
+
+	// Endpoints lists the mirrored endpoints and their weights, at most MaxStatusEndpoints.
+	// +optional
+	// +listType=atomic
+	Endpoints []EndpointStatus `json:"endpoints,omitempty"`
+
+	// EndpointsTruncated is true when more endpoints exist than Endpoints lists.
+	// +optional
+	EndpointsTruncated bool `json:"endpointsTruncated,omitempty"`
+
+	// LastWeightWrite is when weights were last written to the ServiceEntry.
+	// +optional
+	LastWeightWrite *metav1.Time `json:"lastWeightWrite,omitempty"`
+}
+
+// MaxStatusEndpoints bounds the endpoint list in status so the object stays small.
+const MaxStatusEndpoints = 500
+
+// EndpointStatus is one mirrored endpoint.
+type EndpointStatus struct {
+	Pod  string `json:"pod"`
+	IP   string `json:"ip"`
+	Zone string `json:"zone,omitempty"`
+	// Weight is the weight in the ServiceEntry (or, in DryRun, the one that would be written).
+	Weight int32 `json:"weight"`
+	// Reason explains the weight, e.g. "no metrics: median weight".
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// LastChange is when this endpoint's weight last changed.
+	// +optional
+	LastChange *metav1.Time `json:"lastChange,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=adlb,categories=adaptivelb
+// +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.spec.targetRef.name`
+// +kubebuilder:printcolumn:name="Endpoints",type=integer,JSONPath=`.status.endpointCount`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// AdaptiveLoadBalancer opts a Service into capacity-aware Envoy endpoint weights, written
+// through an Istio ServiceEntry that mirrors the Service's ready endpoints.
+type AdaptiveLoadBalancer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   AdaptiveLoadBalancerSpec   `json:"spec,omitempty"`
+	Status AdaptiveLoadBalancerStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// AdaptiveLoadBalancerList is a list of AdaptiveLoadBalancers.
+type AdaptiveLoadBalancerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AdaptiveLoadBalancer `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&AdaptiveLoadBalancer{}, &AdaptiveLoadBalancerList{})
+}

@@ -1,0 +1,49 @@
+package v1alpha1
+
+// Condition types.
+const (
+	// ConditionReady summarises the others: True when the endpoints are mirrored and the weights
+	// are as intended.
+	ConditionReady = "Ready"
+	// ConditionEndpointsMirrored: the ServiceEntry lists exactly the Service's ready endpoints.
+	ConditionEndpointsMirrored = "EndpointsMirrored"
+	// ConditionMetricsAvailable: the last metrics fetch for this Service succeeded.
+	ConditionMetricsAvailable = "MetricsAvailable"
+	// ConditionWeightsApplied: the ServiceEntry carries the weights the engine decided.
+	ConditionWeightsApplied = "WeightsApplied"
+)
+
+// Condition reasons (CamelCase, stable: alerts and scripts match on them).
+const (
+	// ReasonMirrored: the ServiceEntry mirrors the Service's ready endpoints.
+	ReasonMirrored = "Mirrored"
+	// ReasonTargetNotFound: the target Service does not exist.
+	ReasonTargetNotFound = "TargetNotFound"
+	// ReasonUnsupported: the Service has no selector, is ExternalName or is headless.
+	ReasonUnsupported = "Unsupported"
+	// ReasonConflict: another AdaptiveLoadBalancer targets the same Service.
+	ReasonConflict = "Conflict"
+	// ReasonServiceEntryNotOwned: a ServiceEntry with the operator's name exists and is not ours;
+	// the operator never overwrites a user's object.
+	ReasonServiceEntryNotOwned = "ServiceEntryNotOwned"
+	// ReasonWriteFailed: the API server rejected or failed a ServiceEntry write; it is retried.
+	ReasonWriteFailed = "WriteFailed"
+	// ReasonNoPorts: none of the selected ports exist on the Service.
+	ReasonNoPorts = "NoPorts"
+	// ReasonEqualWeights: weights are equal; no weight cycle has run yet.
+	ReasonEqualWeights = "EqualWeights"
+	// ReasonWeightsApplied: the decided weights are in the ServiceEntry.
+	ReasonWeightsApplied = "Applied"
+	// ReasonDryRun: weights are computed but not written (mode DryRun).
+	ReasonDryRun = "DryRun"
+	// ReasonAwaitingMetrics: no metrics fetch has happened yet.
+	ReasonAwaitingMetrics = "AwaitingMetrics"
+	// ReasonMetricsFailed: the metrics source failed; weights are held, then reset to equal.
+	ReasonMetricsFailed = "MetricsFailed"
+	// ReasonMetricsOK: the last metrics fetch succeeded.
+	ReasonMetricsOK = "MetricsOK"
+	// ReasonFallback: metrics have been unavailable longer than the hold time; weights are equal.
+	ReasonFallback = "FallbackToEqualWeights"
+	// ReasonDeferred: a weight write waits for the cluster-wide write budget.
+	ReasonDeferred = "Deferred"
+)

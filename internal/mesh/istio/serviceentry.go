@@ -1,0 +1,302 @@
+// Package istio builds the ServiceEntry that mirrors a Service's ready endpoints with weights.
+//
+// It is the only place that knows how an endpoint must look for Istio. istiod merges a
+// ServiceEntry's endpoints with the Kubernetes endpoints of the same host, and Envoy keeps the
+// first copy of an address, which is the ServiceEntry's: so that copy must carry everything the
+// Kubernetes copy would have (labels for DestinationRule subsets, the mTLS label, the service
+// account, the locality, the port names and target ports), plus the weight. See docs/istio.md.
+//
+// The package is pure: objects in, desired spec out.
+package istio
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	apinetworkingv1 "istio.io/api/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// Labels and annotations Istio reads.
+const (
+	// TLSModeLabel tells client sidecars that the endpoint has a sidecar and accepts Istio mTLS.
+	TLSModeLabel = "security.istio.io/tlsMode"
+	// TLSModeIstio is TLSModeLabel's value for pods with a sidecar.
+	TLSModeIstio = "istio"
+	// SidecarStatusAnnotation is set by Istio's injector on every injected pod.
+	SidecarStatusAnnotation = "sidecar.istio.io/status"
+	// SidecarContainer is the name of Istio's proxy container.
+	SidecarContainer = "istio-proxy"
+	// RegionLabel and ZoneLabel are the well-known node topology labels; SubzoneLabel is Istio's.
+	RegionLabel  = "topology.kubernetes.io/region"
+	ZoneLabel    = "topology.kubernetes.io/zone"
+	SubzoneLabel = "topology.istio.io/subzone"
+)
+
+// ErrUnsupported marks Services the mirror cannot represent.
+var ErrUnsupported = errors.New("unsupported service")
+
+// ErrNoPorts marks a selection of ports that matches none of the Service's TCP ports.
+var ErrNoPorts = errors.New("no usable ports")
+
+// Input is everything the desired ServiceEntry depends on.
+type Input struct {
+	Service *corev1.Service
+	// Slices are the Service's EndpointSlices (label kubernetes.io/service-name).
+	Slices []*discoveryv1.EndpointSlice
+	// Pods are the pods the slices point at, by name (same namespace).
+	Pods map[string]*corev1.Pod
+	// Nodes are the nodes those pods run on, by name; only their topology labels are read.
+	Nodes map[string]*corev1.Node
+	// Weights are the endpoint weights by pod name; pods without one get DefaultWeight.
+	Weights       map[string]uint32
+	DefaultWeight uint32
+	// ClusterDomain is the cluster's DNS domain, usually cluster.local.
+	ClusterDomain string
+	// Ports selects Service ports by number; empty selects all.
+	Ports    []int32
+	ExportTo []string
+}
+
+// Endpoint is one mirrored endpoint, as the status reports it.
+type Endpoint struct {
+	Pod    string
+	IP     string
+	Zone   string
+	Weight uint32
+}
+
+// Host returns the Service's FQDN, the ServiceEntry host that merges with the Service.
+func Host(svc *corev1.Service, clusterDomain string) string {
+	return fmt.Sprintf("%s.%s.svc.%s", svc.Name, svc.Namespace, clusterDomain)
+}
+
+// CheckSupported reports why a Service cannot be mirrored, or nil.
+func CheckSupported(svc *corev1.Service) error {
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		return fmt.Errorf("%w: service %s/%s is of type ExternalName; it has no endpoints to weight", ErrUnsupported, svc.Namespace, svc.Name)
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return fmt.Errorf("%w: service %s/%s is headless; clients resolve pod IPs through DNS, not Envoy's balancer", ErrUnsupported, svc.Namespace, svc.Name)
+	case len(svc.Spec.Selector) == 0:
+		return fmt.Errorf("%w: service %s/%s has no selector; its endpoints are managed by hand, so there are no pods to weight", ErrUnsupported, svc.Namespace, svc.Name)
+	}
+	return nil
+}
+
+// Build returns the desired ServiceEntry spec and the mirrored endpoints, in a stable order:
+// the same input always yields a byte-identical spec, so an unchanged Service costs no write.
+func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
+	svc := in.Service
+	if err := CheckSupported(svc); err != nil {
+		return nil, nil, err
+	}
+	ports, err := selectPorts(svc, in.Ports)
+	if err != nil {
+		return nil, nil, err
+	}
+	wanted := make(map[string]bool, len(ports))
+	for _, p := range ports {
+		wanted[p.Name] = true
+	}
+
+	var entries []*apinetworkingv1.WorkloadEntry
+	var endpoints []Endpoint
+	seen := map[string]bool{}
+	for _, slice := range in.Slices {
+		if slice.AddressType != discoveryv1.AddressTypeIPv4 && slice.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue
+		}
+		// Target ports can differ per slice (named target ports resolve per pod).
+		targetPorts := map[string]uint32{}
+		for _, p := range slice.Ports {
+			if p.Name != nil && p.Port != nil && wanted[*p.Name] {
+				targetPorts[*p.Name] = uint32(*p.Port)
+			}
+		}
+		if len(targetPorts) == 0 {
+			continue
+		}
+		for _, ep := range slice.Endpoints {
+			if !receivesTraffic(ep.Conditions) || ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			pod, ok := in.Pods[ep.TargetRef.Name]
+			if !ok || pod.DeletionTimestamp != nil {
+				// Without the pod we cannot copy its labels; a new endpoint waits for the pod event.
+				continue
+			}
+			var node *corev1.Node
+			nodeName := pod.Spec.NodeName
+			if ep.NodeName != nil {
+				nodeName = *ep.NodeName
+			}
+			node = in.Nodes[nodeName]
+			zone := ""
+			if ep.Zone != nil {
+				zone = *ep.Zone
+			} else if node != nil {
+				zone = node.Labels[ZoneLabel]
+			}
+			weight := in.DefaultWeight
+			if w, ok := in.Weights[pod.Name]; ok && w > 0 {
+				weight = w
+			}
+			for _, addr := range ep.Addresses {
+				if seen[addr] {
+					continue
+				}
+				seen[addr] = true
+				entries = append(entries, &apinetworkingv1.WorkloadEntry{
+					Address:        addr,
+					Ports:          copyPorts(targetPorts),
+					Labels:         endpointLabels(pod),
+					ServiceAccount: pod.Spec.ServiceAccountName,
+					Locality:       locality(node, zone),
+					Weight:         weight,
+				})
+				endpoints = append(endpoints, Endpoint{Pod: pod.Name, IP: addr, Zone: zone, Weight: weight})
+			}
+		}
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Address < entries[j].Address })
+	sort.Slice(endpoints, func(i, j int) bool { return endpoints[i].IP < endpoints[j].IP })
+
+	spec := &apinetworkingv1.ServiceEntry{
+		Hosts:      []string{Host(svc, in.ClusterDomain)},
+		Ports:      ports,
+		Location:   apinetworkingv1.ServiceEntry_MESH_INTERNAL,
+		Resolution: apinetworkingv1.ServiceEntry_STATIC,
+		Endpoints:  entries,
+		ExportTo:   append([]string(nil), in.ExportTo...),
+	}
+	return spec, endpoints, nil
+}
+
+// receivesTraffic applies the EndpointSlice conditions: an endpoint that is not ready, not
+// serving, or terminating must get no new connections. A nil ready or serving means ready.
+func receivesTraffic(c discoveryv1.EndpointConditions) bool {
+	if c.Ready != nil && !*c.Ready {
+		return false
+	}
+	if c.Serving != nil && !*c.Serving {
+		return false
+	}
+	return c.Terminating == nil || !*c.Terminating
+}
+
+func selectPorts(svc *corev1.Service, numbers []int32) ([]*apinetworkingv1.ServicePort, error) {
+	want := map[int32]bool{}
+	for _, n := range numbers {
+		want[n] = true
+	}
+	var out []*apinetworkingv1.ServicePort
+	for _, p := range svc.Spec.Ports {
+		if len(want) > 0 && !want[p.Port] {
+			continue
+		}
+		if p.Protocol != "" && p.Protocol != corev1.ProtocolTCP {
+			continue // Istio routes TCP-based protocols only
+		}
+		if p.Name == "" {
+			if len(svc.Spec.Ports) > 1 {
+				continue // Kubernetes requires names on multi-port Services; unreachable
+			}
+			return nil, fmt.Errorf("%w: service %s/%s port %d has no name; give it one (for example http-%d) so the ServiceEntry's port can match it", ErrUnsupported, svc.Namespace, svc.Name, p.Port, p.Port)
+		}
+		sp := &apinetworkingv1.ServicePort{Number: uint32(p.Port), Name: p.Name, Protocol: protocolOf(p)}
+		if p.TargetPort.IntVal != 0 {
+			sp.TargetPort = uint32(p.TargetPort.IntVal)
+		}
+		out = append(out, sp)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: service %s/%s has none of the selected TCP ports %v", ErrNoPorts, svc.Namespace, svc.Name, numbers)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Number < out[j].Number })
+	return out, nil
+}
+
+// protocolOf follows Istio's protocol selection for Kubernetes Services: appProtocol first, then
+// the port name's prefix ("http-web" is HTTP). Anything else is TCP; Istio would sniff it, but a
+// ServiceEntry port needs a protocol, so name ports explicitly to keep L7 features.
+func protocolOf(p corev1.ServicePort) string {
+	name := p.Name
+	if p.AppProtocol != nil && *p.AppProtocol != "" {
+		name = *p.AppProtocol
+	}
+	prefix := strings.ToLower(name)
+	if i := strings.IndexByte(prefix, '-'); i >= 0 && (p.AppProtocol == nil || *p.AppProtocol == "") {
+		prefix = prefix[:i]
+	}
+	switch prefix {
+	case "http", "http2", "https", "grpc", "grpc-web", "tls", "mongo", "mysql", "redis", "tcp":
+		if prefix == "grpc-web" {
+			return "GRPC-WEB"
+		}
+		return strings.ToUpper(prefix)
+	case "h2c":
+		return "HTTP2"
+	}
+	return "TCP"
+}
+
+func endpointLabels(pod *corev1.Pod) map[string]string {
+	labels := make(map[string]string, len(pod.Labels)+1)
+	for k, v := range pod.Labels {
+		labels[k] = v
+	}
+	if hasSidecar(pod) {
+		if _, set := labels[TLSModeLabel]; !set {
+			labels[TLSModeLabel] = TLSModeIstio
+		}
+	}
+	return labels
+}
+
+// hasSidecar recognises an injected pod: the injector's status annotation, or an istio-proxy
+// container (classic) or init container (native sidecar).
+func hasSidecar(pod *corev1.Pod) bool {
+	if _, ok := pod.Annotations[SidecarStatusAnnotation]; ok {
+		return true
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == SidecarContainer {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == SidecarContainer {
+			return true
+		}
+	}
+	return false
+}
+
+// locality builds Istio's region/zone/subzone string, the same one istiod derives for the
+// Kubernetes copy of the endpoint, so both copies land in the same locality.
+func locality(node *corev1.Node, zone string) string {
+	var region, subzone string
+	if node != nil {
+		region, subzone = node.Labels[RegionLabel], node.Labels[SubzoneLabel]
+	}
+	if region == "" && zone == "" && subzone == "" {
+		return ""
+	}
+	l := region + "/" + zone
+	if subzone != "" {
+		l += "/" + subzone
+	}
+	return l
+}
+
+func copyPorts(m map[string]uint32) map[string]uint32 {
+	out := make(map[string]uint32, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
