@@ -347,7 +347,8 @@ func classify(parent, qctx context.Context, err error, meta *responseMeta, timeo
 	var apiErr *v1.Error
 	if meta.status != 0 && (meta.status < 200 || meta.status > 299) {
 		detail := meta.body
-		if errors.As(err, &apiErr) && apiErr.Msg != "" && !strings.HasPrefix(apiErr.Msg, "client error") && !strings.HasPrefix(apiErr.Msg, "server error") {
+		// Prefer the API's own error text; a non-JSON body (bad_response) is shown as it came.
+		if errors.As(err, &apiErr) && apiErr.Type != v1.ErrBadResponse && apiErr.Type != v1.ErrClient && apiErr.Type != v1.ErrServer && apiErr.Msg != "" {
 			detail = apiErr.Msg
 		}
 		return &HTTPStatusError{StatusCode: meta.status, RetryAfter: meta.retryAfter, Detail: strings.TrimSpace(detail)}
