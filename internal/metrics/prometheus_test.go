@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
 
 const (
@@ -32,21 +34,21 @@ const (
 //	shop/api-2    cpu 1.5 cores, 50 rps, no 5xx series at all → 0 errors, every request ≤10 ms
 //	              → p99 = 10*49.5/50 = 9.9 ms
 //	pay.eu/web-1  cpu 0.2 cores, 10 rps, last scraped 50 s before now (stale at a 10 s interval)
-func loadFleet(t *testing.T, vm *vmServer) time.Time {
+func loadFleet(t *testing.T, vm *vmtest.Server) time.Time {
 	t.Helper()
 	now := time.Now().Truncate(time.Second)
 	from, step := now.Add(-5*time.Minute), 15*time.Second
 	staleEnd := now.Add(-50 * time.Second)
 	var b strings.Builder
 	cpu := func(ns, pod, container string, cores float64, end time.Time) {
-		b.WriteString(series(fmt.Sprintf(`container_cpu_usage_seconds_total{namespace=%q,pod=%q,container=%q}`, ns, pod, container), cores, from, end, step))
+		b.WriteString(vmtest.Counter(fmt.Sprintf(`container_cpu_usage_seconds_total{namespace=%q,pod=%q,container=%q}`, ns, pod, container), cores, from, end, step))
 	}
 	requests := func(ns, pod, reporter, code string, rps float64, end time.Time) {
-		b.WriteString(series(fmt.Sprintf(`istio_requests_total{reporter=%q,namespace=%q,pod=%q,response_code=%q}`, reporter, ns, pod, code), rps, from, end, step))
+		b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_requests_total{reporter=%q,namespace=%q,pod=%q,response_code=%q}`, reporter, ns, pod, code), rps, from, end, step))
 	}
 	buckets := func(ns, pod string, perBucket map[string]float64) {
 		for le, rate := range perBucket {
-			b.WriteString(series(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace=%q,pod=%q,le=%q}`, ns, pod, le), rate, from, now, step))
+			b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace=%q,pod=%q,le=%q}`, ns, pod, le), rate, from, now, step))
 		}
 	}
 	cpu("shop", "api-1", "app", 0.5, now)
@@ -63,7 +65,7 @@ func loadFleet(t *testing.T, vm *vmServer) time.Time {
 	requests("pay.eu", "web-1", "destination", "200", 10, staleEnd)
 	buckets("shop", "api-1", map[string]float64{"10": 50, "50": 90, "100": 100, "+Inf": 100})
 	buckets("shop", "api-2", map[string]float64{"10": 50, "50": 50, "100": 50, "+Inf": 50})
-	vm.importText(t, b.String())
+	vm.ImportText(t, b.String())
 	return now
 }
 
@@ -94,7 +96,7 @@ func assertValue(t *testing.T, what string, s Sample, want float64) {
 }
 
 func TestPrometheusSource_Fetch_VictoriaMetrics(t *testing.T) {
-	vm := startVM(t)
+	vm := vmtest.Start(t)
 	now := loadFleet(t, vm)
 	src, _ := newTestSource(t, Config{URL: vm.URL})
 
@@ -185,7 +187,7 @@ func countingProxy(t *testing.T, target string) (string, *atomic.Int64) {
 }
 
 func TestPrometheusSource_QueriesPerCycleDoNotGrowWithServices(t *testing.T) {
-	vm := startVM(t)
+	vm := vmtest.Start(t)
 	now := loadFleet(t, vm)
 	proxyURL, requests := countingProxy(t, vm.URL)
 	src, _ := newTestSource(t, Config{URL: proxyURL})
@@ -215,7 +217,7 @@ func TestPrometheusSource_QueriesPerCycleDoNotGrowWithServices(t *testing.T) {
 }
 
 func TestPrometheusSource_Overrides_VictoriaMetrics(t *testing.T) {
-	vm := startVM(t)
+	vm := vmtest.Start(t)
 	now := loadFleet(t, vm)
 	proxyURL, requests := countingProxy(t, vm.URL)
 	src, _ := newTestSource(t, Config{URL: proxyURL})
@@ -251,7 +253,7 @@ func TestPrometheusSource_Overrides_VictoriaMetrics(t *testing.T) {
 }
 
 func TestPrometheusSource_Faults_VictoriaMetrics(t *testing.T) {
-	vm := startVM(t)
+	vm := vmtest.Start(t)
 	now := loadFleet(t, vm)
 	req := Request{Pods: fleetPods()[:2], Now: now, Window: testWindow, Interval: testInterval}
 
@@ -302,7 +304,7 @@ func TestPrometheusSource_Faults_VictoriaMetrics(t *testing.T) {
 		if _, err := src.Fetch(context.Background(), req); err != nil {
 			t.Fatalf("before stop: %v", err)
 		}
-		vm.stop()
+		vm.Stop()
 		batch, err := src.Fetch(context.Background(), req)
 		if !errors.Is(err, ErrUnreachable) {
 			t.Fatalf("after stop: %v", err)
