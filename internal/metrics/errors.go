@@ -210,7 +210,7 @@ func (e *StaleError) Error() string {
 	if e.Unknown {
 		return fmt.Sprintf("pod %s/%s: no recent raw sample found by the freshness probe; the pod is treated as having no metrics", e.Namespace, e.Pod)
 	}
-	return fmt.Sprintf("pod %s/%s: newest sample is %s old, older than %s (2× interval); the pod is treated as having no metrics until it is scraped again", e.Namespace, e.Pod, e.Age, e.Threshold)
+	return fmt.Sprintf("pod %s/%s: newest sample is %s old, older than %s (2× interval); the pod is treated as having no metrics until it is scraped again", e.Namespace, e.Pod, e.Age.Round(time.Millisecond), e.Threshold)
 }
 
 func (e *StaleError) Is(target error) bool { return target == ErrStale }
