@@ -69,6 +69,11 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 	}, nil
 }
 
+// signalQueries holds, per signal (in Signals order), the index of a pod's value query.
+type signalQueries [4]int
+
+func signalIndex(s Signal) int { return slices.Index(Signals, s) }
+
 // plannedQuery is one distinct PromQL text of a cycle.
 type plannedQuery struct {
 	Query
@@ -80,7 +85,7 @@ type plannedQuery struct {
 type plan struct {
 	queries   []*plannedQuery
 	byText    map[string]int
-	value     []map[Signal]int // per pod
+	value     []signalQueries // per pod
 	freshness map[Signal]int
 }
 
@@ -120,7 +125,7 @@ func validateRequest(req Request) error {
 }
 
 func (s *prometheusSource) makePlan(req Request) (*plan, error) {
-	p := &plan{byText: map[string]int{}, freshness: map[Signal]int{}, value: make([]map[Signal]int, len(req.Pods))}
+	p := &plan{byText: map[string]int{}, freshness: map[Signal]int{}, value: make([]signalQueries, len(req.Pods))}
 	allNamespaces := req.DiscoverNamespaces
 	if len(req.Pods) > 0 {
 		allNamespaces = make([]string, 0, len(req.Pods))
@@ -128,7 +133,7 @@ func (s *prometheusSource) makePlan(req Request) (*plan, error) {
 			allNamespaces = append(allNamespaces, pod.Namespace)
 		}
 	}
-	for _, signal := range Signals {
+	for si, signal := range Signals {
 		// Group pods by their effective template: one query per distinct template.
 		groups := map[string][]int{}
 		var order []string
@@ -159,10 +164,7 @@ func (s *prometheusSource) makePlan(req Request) (*plan, error) {
 			}
 			qi := p.add(string(signal), signal, rendered)
 			for _, i := range groups[text] {
-				if p.value[i] == nil {
-					p.value[i] = map[Signal]int{}
-				}
-				p.value[i][signal] = qi
+				p.value[i][si] = qi
 			}
 		}
 		if text := s.freshness.For(signal); text != "" {
@@ -230,14 +232,14 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 	pods := req.Pods
 	podQueries := p.value
 	if len(pods) == 0 {
-		pods, podQueries = discoveredPods(p, s.labels)
+		pods, podQueries = discoveredPods(p)
 	}
 	batch.Observations = make([]Observation, len(pods))
 	for i, pod := range pods {
 		obs := Observation{Pod: pod}
 		key := podKey{pod.Namespace, pod.Name}
-		for _, signal := range Signals {
-			q := p.queries[podQueries[i][signal]]
+		for si, signal := range Signals {
+			q := p.queries[podQueries[i][si]]
 			sample := Sample{Err: q.Err}
 			if q.Err == nil {
 				sample = q.result.valueSample(key)
@@ -259,7 +261,7 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 }
 
 // discoveredPods lists every pod found in the value queries' results, sorted, for Discover mode.
-func discoveredPods(p *plan, labels Labels) ([]Pod, []map[Signal]int) {
+func discoveredPods(p *plan) ([]Pod, []signalQueries) {
 	seen := map[podKey]bool{}
 	for _, q := range p.queries {
 		if q.Name == "freshness" {
@@ -280,12 +282,12 @@ func discoveredPods(p *plan, labels Labels) ([]Pod, []map[Signal]int) {
 		return strings.Compare(a.namespace+"/"+a.name, b.namespace+"/"+b.name)
 	})
 	pods := make([]Pod, len(keys))
-	queries := make([]map[Signal]int, len(keys))
-	valueQuery := map[Signal]int{}
+	queries := make([]signalQueries, len(keys))
+	var valueQuery signalQueries
 	for i, q := range p.queries {
 		if q.Name != "freshness" {
 			for _, s := range q.Signals {
-				valueQuery[s] = i
+				valueQuery[signalIndex(s)] = i
 			}
 		}
 	}
