@@ -100,7 +100,7 @@ func (c Config) Validate() error {
 	}{{"query", c.Queries}, {"freshness query", c.FreshnessQueries}} {
 		for _, s := range Signals {
 			if text := set.q.For(s); text != "" {
-				if _, err := parseTemplate(string(s), text); err != nil {
+				if err := ValidateTemplate(string(s), text); err != nil {
 					errs = append(errs, fmt.Errorf("%s for %s: %w", set.kind, s, err))
 				}
 			}

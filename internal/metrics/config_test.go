@@ -15,16 +15,17 @@ func TestConfig_Validate(t *testing.T) {
 		cfg  Config
 		want string // substring of the error; empty means valid
 	}{
-		"minimal":                                {Config{URL: "http://vm:8428"}, ""},
-		"url is required":                        {Config{}, "url is required"},
-		"scheme must be http(s)":                 {Config{URL: "vm:8428"}, "scheme must be http or https"},
-		"path prefix needs a slash":              {Config{URL: "http://vm", PathPrefix: "select/0/prometheus"}, "must start with /"},
-		"bearer and basic exclusive":             {Config{URL: "http://vm", BearerTokenFile: "/t", BasicAuth: BasicAuth{Username: "u"}}, "mutually exclusive"},
-		"password without a username":            {Config{URL: "http://vm", BasicAuth: BasicAuth{Password: "p"}}, "without a username"},
-		"cert without key":                       {Config{URL: "http://vm", TLS: TLSConfig{CertFile: "c"}}, "given together"},
-		"authorization is not a free header":     {Config{URL: "http://vm", Headers: map[string]string{"Authorization": "x"}}, "bearer token file or basic auth"},
-		"a broken template is caught at startup": {Config{URL: "http://vm", Queries: QueryTemplates{CPU: "{{.Window"}}, "query for cpu"},
-		"negative timeout":                       {Config{URL: "http://vm", Timeout: -time.Second}, "must not be negative"},
+		"minimal":                                        {Config{URL: "http://vm:8428"}, ""},
+		"url is required":                                {Config{}, "url is required"},
+		"scheme must be http(s)":                         {Config{URL: "vm:8428"}, "scheme must be http or https"},
+		"path prefix needs a slash":                      {Config{URL: "http://vm", PathPrefix: "select/0/prometheus"}, "must start with /"},
+		"bearer and basic exclusive":                     {Config{URL: "http://vm", BearerTokenFile: "/t", BasicAuth: BasicAuth{Username: "u"}}, "mutually exclusive"},
+		"password without a username":                    {Config{URL: "http://vm", BasicAuth: BasicAuth{Password: "p"}}, "without a username"},
+		"cert without key":                               {Config{URL: "http://vm", TLS: TLSConfig{CertFile: "c"}}, "given together"},
+		"authorization is not a free header":             {Config{URL: "http://vm", Headers: map[string]string{"Authorization": "x"}}, "bearer token file or basic auth"},
+		"a broken template is caught at startup":         {Config{URL: "http://vm", Queries: QueryTemplates{CPU: "{{.Window"}}, "query for cpu"},
+		"an unknown template field is caught at startup": {Config{URL: "http://vm", FreshnessQueries: QueryTemplates{ErrorRate: "x{ns=~\"{{.Namespace}}\"}"}}, "freshness query for errorRate"},
+		"negative timeout":                               {Config{URL: "http://vm", Timeout: -time.Second}, "must not be negative"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

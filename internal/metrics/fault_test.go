@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // Faults VictoriaMetrics cannot be made to produce are served by a tiny loopback server.
@@ -230,4 +232,29 @@ func TestNew_RejectsBadConfigAndRequests(t *testing.T) {
 
 func contains(s, sub string) bool {
 	return len(sub) == 0 || (len(s) >= len(sub) && (s[:len(sub)] == sub || contains(s[1:], sub)))
+}
+
+func TestPrometheusSource_BrokenOverrideFailsOnlyItsPods(t *testing.T) {
+	url := fakeTSDB(t, reply(200, `{"status":"success","data":{"resultType":"vector","result":[`+
+		`{"metric":{"namespace":"shop","pod":"api-1"},"value":[1795348800,"1"]},`+
+		`{"metric":{"namespace":"shop","pod":"api-2"},"value":[1795348800,"1795348800"]}]}}`))
+	src, reg := newTestSource(t, Config{URL: url})
+	req := fakeRequest()
+	req.Pods[0].Queries = QueryTemplates{CPU: `sum by (namespace, pod) (rate(x{namespace=~"{{.Namespace}}"}[{{.Window}}]))`}
+	batch, err := src.Fetch(context.Background(), req)
+	if !errors.Is(err, ErrTemplate) {
+		t.Fatalf("got %v", err)
+	}
+	if s := batch.Observations[0].CPUCores; s.Present || !errors.Is(s.Err, ErrTemplate) {
+		t.Errorf("api-1 cpu: %+v", s)
+	}
+	if s := batch.Observations[1].CPUCores; !s.Present {
+		t.Errorf("api-2 uses the default query and must not be affected: %+v", s)
+	}
+	if n, _ := testutil.GatherAndCount(reg, "adaptivelb_metrics_query_errors_total"); n != 1 {
+		t.Errorf("%d error series, want the one for the template", n)
+	}
+	if got := testutil.ToFloat64(src.metrics.errors.WithLabelValues("cpu", "template")); got != 1 {
+		t.Errorf("template errors counted %v times", got)
+	}
 }

@@ -159,10 +159,14 @@ func (s *prometheusSource) makePlan(req Request) (*plan, error) {
 				}
 			}
 			rendered, err := s.render(signal, text, NewTemplateData(namespaces, req.PodRegex, req.Window, s.labels))
+			var qi int
 			if err != nil {
-				return nil, err
+				// A broken override fails only the pods that use it, never the whole cycle.
+				p.queries = append(p.queries, &plannedQuery{Query: Query{Name: string(signal), Signals: []Signal{signal}, Text: text, Err: err}})
+				qi = len(p.queries) - 1
+			} else {
+				qi = p.add(string(signal), signal, rendered)
 			}
-			qi := p.add(string(signal), signal, rendered)
 			for _, i := range groups[text] {
 				p.value[i][si] = qi
 			}
@@ -210,6 +214,10 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 	sem := make(chan struct{}, maxConcurrentQueries)
 	var wg sync.WaitGroup
 	for _, q := range p.queries {
+		if q.Err != nil { // failed to render: nothing to send
+			s.metrics.errors.WithLabelValues(q.Name, Reason(q.Err)).Inc()
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -250,7 +258,8 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 				probe, probeErr = &p.queries[fi].result, p.queries[fi].Err
 			}
 			sample = applyFreshness(sample, key, probe, probeErr, req.Now, req.Interval)
-			if q.Err == nil && sample.Err != nil && !errors.Is(sample.Err, ErrNoData) && !errors.Is(sample.Err, ErrStale) {
+			// Per-pod data faults are counted here; query failures were counted when they happened.
+			if q.Err == nil && (errors.Is(sample.Err, ErrNonFinite) || errors.Is(sample.Err, ErrDuplicateSeries)) {
 				s.metrics.errors.WithLabelValues(string(signal), Reason(sample.Err)).Inc()
 			}
 			*obs.Sample(signal) = sample

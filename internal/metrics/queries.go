@@ -148,6 +148,14 @@ func parseTemplate(name, text string) (*template.Template, error) {
 	return t, nil
 }
 
+// ValidateTemplate parses a query template and renders it with sample data, so that a typo such
+// as {{.Namespace}} is reported when the configuration or the AdaptiveLoadBalancer is loaded rather
+// than in the middle of a cycle.
+func ValidateTemplate(name, text string) error {
+	_, err := RenderQuery(name, text, NewTemplateData([]string{"default"}, "", time.Minute, DefaultLabels))
+	return err
+}
+
 // RenderQuery renders one query template with the given data.
 func RenderQuery(name, text string, data TemplateData) (string, error) {
 	t, err := parseTemplate(name, text)
