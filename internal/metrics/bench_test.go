@@ -7,10 +7,13 @@ import (
 	"net/http/httptest"
 	"runtime"
 	rtmetrics "runtime/metrics"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	jsoniter "github.com/json-iterator/go"
 )
 
 const (
@@ -139,5 +142,66 @@ func BenchmarkQuery_200kSeries(b *testing.B) {
 		if got := splitByPod(vec, DefaultLabels); len(got.values) != benchPods {
 			b.Fatalf("%d pods mapped", len(got.values))
 		}
+	}
+}
+
+// BenchmarkStreamingDecodeAlternative_200kSeries is evidence for a design decision, not a
+// production path: it decodes the same 200,000-series body with json-iterator's streaming
+// Iterator straight into per-pod values (no model.Vector, no RawMessage copies), to show what
+// leaving client_golang's v1 decoding would buy. See docs/benchmarks.md.
+func BenchmarkStreamingDecodeAlternative_200kSeries(b *testing.B) {
+	body := benchBody("0.5")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		values := make(map[podKey]float64, benchPods)
+		iter := jsoniter.ConfigFastest.BorrowIterator(body)
+		iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
+			if field != "data" {
+				iter.Skip()
+				return true
+			}
+			return iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
+				if field != "result" {
+					iter.Skip()
+					return true
+				}
+				return iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
+					var key podKey
+					var value float64
+					iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
+						switch field {
+						case "metric":
+							iter.ReadMapCB(func(iter *jsoniter.Iterator, label string) bool {
+								switch label {
+								case "namespace":
+									key.namespace = iter.ReadString()
+								case "pod":
+									key.name = iter.ReadString()
+								default:
+									iter.Skip()
+								}
+								return true
+							})
+						case "value":
+							iter.ReadArray()
+							iter.Skip() // timestamp
+							iter.ReadArray()
+							value, _ = strconv.ParseFloat(iter.ReadString(), 64)
+							iter.ReadArray()
+						default:
+							iter.Skip()
+						}
+						return true
+					})
+					values[key] = value
+					return true
+				})
+			})
+		})
+		if iter.Error != nil || len(values) != benchPods {
+			b.Fatalf("decoded %d pods: %v", len(values), iter.Error)
+		}
+		jsoniter.ConfigFastest.ReturnIterator(iter)
 	}
 }
