@@ -1,20 +1,461 @@
 package weights
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Reasons attached to endpoint results. They are short enough for a status column.
+const (
+	ReasonNoMetrics        = "no metrics: median weight"
+	ReasonInvalidMetrics   = "invalid metrics (NaN, Inf or negative): median weight"
+	ReasonTooLittleTraffic = "too little traffic to estimate cost: median weight"
+	ReasonNewEndpoint      = "new endpoint: median weight"
+	ReasonTooFewWithData   = "fewer than two endpoints with usable metrics: equal weights"
+	ReasonInsideDeadBand   = "change inside dead band: weight kept"
+	ReasonClampedMax       = "clamped at max"
+	ReasonClampedMin       = "clamped at min"
+	ReasonStepLimited      = "step limited"
+	ReasonCapacity         = "share from estimated capacity"
+	ReasonUtilization      = "corrected toward target share"
+	ReasonCPUDistance      = "moved against CPU distance from mean"
+	ReasonCPUNearMean      = "CPU within dead band of mean"
+	ReasonWindowUnsettled  = "weights changed during the window: kept until a clean window"
+)
+
+// settledCoverage is the window coverage from which observed shares reflect the current weights.
+const settledCoverage = 0.9
 
 // Compute decides the next weights for one Service's endpoints.
-// SCAFFOLD: equal weights until the algorithms land (same session).
-func Compute(endpoints []Endpoint, s Settings) (Decision, error) {
+//
+// It never returns a weight below max(1, MinWeight) or above MaxWeight, never lets NaN or Inf reach
+// a weight, and is deterministic: the same input gives the same Decision.
+func Compute(in Input, s Settings) (Decision, error) {
+	endpoints := in.Endpoints
 	if err := s.Validate(); err != nil {
 		return Decision{}, fmt.Errorf("invalid weight settings: %w", err)
 	}
-	d := Decision{Endpoints: make([]Result, len(endpoints))}
-	for i, ep := range endpoints {
-		w := s.defaultWeight()
-		if ep.CurrentWeight != w {
-			d.Changed = true
+	seen := make(map[string]struct{}, len(endpoints))
+	for _, ep := range endpoints {
+		if _, dup := seen[ep.ID]; dup {
+			return Decision{}, fmt.Errorf("endpoint %q appears twice; each endpoint must be listed once", ep.ID)
 		}
-		d.Endpoints[i] = Result{ID: ep.ID, Weight: w, Reason: "equal weights"}
+		seen[ep.ID] = struct{}{}
 	}
-	return d, nil
+	if len(endpoints) == 0 {
+		return Decision{Reason: "no endpoints"}, nil
+	}
+	var d Decision
+	switch s.Algorithm {
+	case AlgorithmCPUDistance:
+		d = computeCPUDistance(endpoints, s)
+	default:
+		coverage := in.WindowCoverage
+		if coverage <= 0 || coverage > 1 || math.IsNaN(coverage) {
+			coverage = 1
+		}
+		d = computeCapacity(endpoints, coverage, s)
+	}
+	return finish(endpoints, d, s), nil
+}
+
+// finish enforces the invariants every algorithm shares and decides whether a write is needed.
+func finish(endpoints []Endpoint, d Decision, s Settings) Decision {
+	changed := false
+	for i := range d.Endpoints {
+		w := d.Endpoints[i].Weight
+		if w < s.MinWeight {
+			w = s.MinWeight
+		}
+		if w > s.MaxWeight {
+			w = s.MaxWeight
+		}
+		d.Endpoints[i].Weight = w
+		if w != endpoints[i].CurrentWeight {
+			changed = true
+		}
+	}
+	d.Changed = changed
+	if !changed && d.Reason == "" {
+		d.Reason = "weights unchanged"
+	}
+	return d
+}
+
+// usable reports whether an endpoint's metrics can be trusted, and why not.
+func usable(ep Endpoint, minRate float64) (bool, string) {
+	if !ep.HasMetrics {
+		return false, ReasonNoMetrics
+	}
+	for _, v := range []float64{ep.CPUCores, ep.RequestRate, ep.CPULimitCores} {
+		if !finite(v) || v < 0 {
+			return false, ReasonInvalidMetrics
+		}
+	}
+	if ep.CPUCores == 0 || ep.RequestRate < minRate || ep.RequestRate == 0 {
+		return false, ReasonTooLittleTraffic
+	}
+	return true, ""
+}
+
+func equalWeights(endpoints []Endpoint, s Settings, reason string) Decision {
+	d := Decision{Endpoints: make([]Result, len(endpoints)), Reason: reason}
+	w := s.defaultWeight()
+	for i, ep := range endpoints {
+		d.Endpoints[i] = Result{ID: ep.ID, Weight: w, Reason: reason}
+	}
+	return d
+}
+
+// computeCapacity implements AlgorithmCapacity.
+//
+// Each endpoint's capacity is its CPU limit divided by its CPU cost per request (cpu/rps). The
+// load is split into target traffic shares by the square-root rule (targetShares). The first
+// adaptive step jumps straight to weights proportional to those shares. Envoy does not turn
+// weights into traffic shares one-to-one (weighted LEAST_REQUEST divides each weight by
+// active+1), so later steps correct each weight by how far its observed share sits from its
+// target: an integral controller whose state is the applied weight itself, which therefore
+// survives operator restarts. Feedback only runs on windows observed entirely under the current
+// weights; a mixed window would make it correct twice.
+func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decision {
+	p := s.Capacity
+	n := len(endpoints)
+	ok := make([]bool, n)
+	reasons := make([]string, n)
+	var limits []float64
+	valid := 0
+	for i, ep := range endpoints {
+		ok[i], reasons[i] = usable(ep, p.MinRequestRate)
+		if ok[i] {
+			valid++
+			if ep.CPULimitCores > 0 {
+				limits = append(limits, ep.CPULimitCores)
+			}
+		}
+	}
+	if valid < 2 {
+		return equalWeights(endpoints, s, ReasonTooFewWithData)
+	}
+	// Pods without a CPU limit can use about what their peers may: the fleet's median limit.
+	fallbackLimit := 1.0
+	if len(limits) > 0 {
+		fallbackLimit = median(limits)
+	}
+	limit := func(ep Endpoint) float64 {
+		if ep.CPULimitCores > 0 {
+			return ep.CPULimitCores
+		}
+		return fallbackLimit
+	}
+	capacity := make([]float64, n)
+	var totalRate float64
+	for i, ep := range endpoints {
+		if ok[i] {
+			capacity[i] = limit(ep) * ep.RequestRate / ep.CPUCores
+			totalRate += ep.RequestRate
+		}
+	}
+	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
+
+	firstStep := !adapted(endpoints, ok)
+	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {
+		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
+		for i, ep := range endpoints {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
+		}
+		return d
+	}
+	logTarget := make([]float64, n)
+	have := make([]bool, n)
+	for i, ep := range endpoints {
+		if !ok[i] {
+			continue
+		}
+		switch {
+		case firstStep:
+			logTarget[i] = math.Log(share[i])
+			reasons[i] = ReasonCapacity
+		case ep.CurrentWeight > 0:
+			observed := ep.RequestRate / totalRate
+			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*math.Log(share[i]/observed)
+			reasons[i] = ReasonUtilization
+		default:
+			reasons[i] = ReasonNewEndpoint
+			continue
+		}
+		have[i] = true
+	}
+	// Only ratios matter to Envoy; scaleShift picks the common scale. Endpoints that the ratio
+	// bound will lift to the floor do not count toward the median.
+	maxLog := math.Inf(-1)
+	for i := range endpoints {
+		if have[i] {
+			maxLog = math.Max(maxLog, logTarget[i])
+		}
+	}
+	var logs []float64
+	for i := range endpoints {
+		if have[i] && logTarget[i] >= maxLog-math.Log(p.MaxWeightRatio) {
+			logs = append(logs, logTarget[i])
+		}
+	}
+	shift := scaleShift(endpoints, have, logTarget, logs, maxLog, firstStep, s)
+	target := make([]float64, n)
+	hi := 0.0
+	for i := range endpoints {
+		if have[i] {
+			target[i] = math.Exp(logTarget[i] + shift)
+			if !firstStep {
+				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, p.MaxStepRatio, &reasons[i])
+			}
+			if target[i] > float64(s.MaxWeight) {
+				target[i] = float64(s.MaxWeight)
+				reasons[i] = ReasonClampedMax
+			}
+			hi = math.Max(hi, target[i])
+		}
+	}
+	lo := math.Max(float64(s.MinWeight), hi/p.MaxWeightRatio)
+	for i := range endpoints {
+		if have[i] && target[i] < lo {
+			target[i] = lo
+			reasons[i] = ReasonClampedMin
+		}
+	}
+	d := Decision{Endpoints: make([]Result, n)}
+	var decided []float64
+	for i, ep := range endpoints {
+		if have[i] {
+			w := int(math.Round(target[i]))
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: w, Reason: reasons[i]}
+			decided = append(decided, float64(w))
+		}
+	}
+	mid := int(math.Round(median(decided)))
+	for i, ep := range endpoints {
+		if !have[i] {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: mid, Reason: reasons[i]}
+		}
+	}
+	if firstStep {
+		d.Reason = "weights set from estimated capacity"
+	} else {
+		d.Reason = "weights corrected toward the target traffic shares"
+	}
+	applyDeadBand(endpoints, &d, p.DeadBand)
+	return d
+}
+
+// scaleShift is the log-space offset that sets the weights' common scale; only ratios matter to
+// Envoy. A first step puts the median of the unfloored endpoints at MedianWeight. Later steps keep
+// the scale the current weights already have, so converged weights are reproduced exactly and
+// cost no write. Either way the largest weight never passes MaxWeight, so ratios survive clamping.
+func scaleShift(endpoints []Endpoint, have []bool, logTarget, unfloored []float64, maxLog float64, firstStep bool, s Settings) float64 {
+	shift := math.Log(float64(s.Capacity.MedianWeight)) - median(unfloored)
+	if !firstStep {
+		var current, target []float64
+		for i, ep := range endpoints {
+			if have[i] {
+				current = append(current, math.Log(float64(ep.CurrentWeight)))
+				target = append(target, logTarget[i])
+			}
+		}
+		shift = median(current) - median(target)
+	}
+	if maxLog+shift > math.Log(float64(s.MaxWeight)) {
+		shift = math.Log(float64(s.MaxWeight)) - maxLog
+	}
+	return shift
+}
+
+// hasNew reports whether an endpoint still needs its first weight.
+func hasNew(endpoints []Endpoint, ok []bool) bool {
+	for _, ep := range endpoints {
+		if ep.CurrentWeight <= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// targetShares splits the total request rate over the endpoints by the square-root rule: endpoint
+// i gets λᵢ = μᵢ − c·√μᵢ, where μᵢ is its capacity and c is chosen so the λᵢ add up to the load.
+// For parallel queues this minimises the mean time in system (the classic result for routing to
+// M/M/1 servers of different speeds): it loads fast endpoints beyond their capacity share, since
+// a request served there is served sooner, while keeping c·√μᵢ of headroom on each. At or above
+// full load c would turn negative and the rule degrades to shares proportional to capacity.
+// Endpoints the rule leaves without traffic keep a small positive share; the weight ratio bound
+// then lifts them to the floor so they stay in rotation.
+func targetShares(capacity []float64, ok []bool, load float64) []float64 {
+	var sumMu, sumSqrt float64
+	for i, mu := range capacity {
+		if ok[i] {
+			sumMu += mu
+			sumSqrt += math.Sqrt(mu)
+		}
+	}
+	c := math.Max(0, (sumMu-load)/sumSqrt)
+	shares := make([]float64, len(capacity))
+	var total float64
+	for i, mu := range capacity {
+		if ok[i] {
+			shares[i] = math.Max(mu-c*math.Sqrt(mu), 1e-3*mu)
+			total += shares[i]
+		}
+	}
+	for i := range shares {
+		shares[i] /= total
+	}
+	return shares
+}
+
+// adapted reports whether usable endpoints already carry unequal weights, i.e. a previous cycle
+// set them. Equal weights mean a fresh start or a reset, where feedback has nothing to build on.
+func adapted(endpoints []Endpoint, ok []bool) bool {
+	first := 0
+	for i, ep := range endpoints {
+		if !ok[i] || ep.CurrentWeight <= 0 {
+			continue
+		}
+		if first == 0 {
+			first = ep.CurrentWeight
+		} else if ep.CurrentWeight != first {
+			return true
+		}
+	}
+	return false
+}
+
+func boundStep(target float64, current int, ratio float64, reason *string) float64 {
+	if current <= 0 {
+		return target
+	}
+	c := float64(current)
+	switch {
+	case target > c*ratio:
+		*reason = ReasonStepLimited
+		return c * ratio
+	case target < c/ratio:
+		*reason = ReasonStepLimited
+		return c / ratio
+	}
+	return target
+}
+
+// applyDeadBand keeps every current weight when no endpoint moved enough to matter, so that
+// noise never costs an istiod push. An endpoint moves when its weight changes by at least the
+// dead band relative to itself and its expected traffic share (weight over total weight) changes
+// by at least the dead band times the mean share: a 20% swing of an endpoint that gets 1% of
+// the traffic shifts 0.2% of it and is not worth a push. Endpoints without a weight yet always
+// force a write.
+func applyDeadBand(endpoints []Endpoint, d *Decision, deadBand float64) {
+	var curTotal, newTotal float64
+	for i, ep := range endpoints {
+		if ep.CurrentWeight <= 0 {
+			return
+		}
+		curTotal += float64(ep.CurrentWeight)
+		newTotal += float64(d.Endpoints[i].Weight)
+	}
+	meanShare := 1 / float64(len(endpoints))
+	for i, ep := range endpoints {
+		cur, next := float64(ep.CurrentWeight), float64(d.Endpoints[i].Weight)
+		relative := math.Abs(next-cur) / cur
+		shareMove := math.Abs(next/newTotal - cur/curTotal)
+		if relative >= deadBand && shareMove >= deadBand*meanShare {
+			return
+		}
+	}
+	for i, ep := range endpoints {
+		d.Endpoints[i].Weight = ep.CurrentWeight
+		d.Endpoints[i].Reason = ReasonInsideDeadBand
+	}
+	d.Reason = "every change inside the dead band"
+}
+
+// computeCPUDistance ports the published operator: alpha = (cpu - mean)/mean * k, weights move by
+// (1 - alpha) when the distance exceeds the dead band, are clamped to [min, max] and are then
+// rescaled so the median weight sits at the middle of the range.
+func computeCPUDistance(endpoints []Endpoint, s Settings) Decision {
+	p := s.CPUDistance
+	n := len(endpoints)
+	mid := float64(s.MinWeight+s.MaxWeight) / 2
+	ok := make([]bool, n)
+	reasons := make([]string, n)
+	var sum float64
+	valid := 0
+	for i, ep := range endpoints {
+		ok[i], reasons[i] = usable(ep, 0)
+		if ok[i] {
+			sum += ep.CPUCores
+			valid++
+		}
+	}
+	if valid < 2 {
+		return equalWeights(endpoints, s, ReasonTooFewWithData)
+	}
+	mean := sum / float64(valid)
+	w := make([]float64, n)
+	have := make([]bool, n)
+	for i, ep := range endpoints {
+		if !ok[i] {
+			continue
+		}
+		if ep.CurrentWeight <= 0 {
+			reasons[i] = ReasonNewEndpoint
+			continue
+		}
+		have[i] = true
+		w[i] = float64(ep.CurrentWeight)
+		dist := (ep.CPUCores - mean) / mean
+		if math.Abs(dist) < p.DeadBand {
+			reasons[i] = ReasonCPUNearMean
+			continue
+		}
+		w[i] = clamp(w[i]*(1-dist*p.K), float64(s.MinWeight), float64(s.MaxWeight))
+		reasons[i] = ReasonCPUDistance
+	}
+	var present []float64
+	for i := range endpoints {
+		if have[i] {
+			present = append(present, w[i])
+		}
+	}
+	d := Decision{Endpoints: make([]Result, n), Reason: "weights moved against CPU distance"}
+	factor := 1.0
+	if len(present) > 0 {
+		factor = mid / median(present)
+	}
+	for i, ep := range endpoints {
+		if !have[i] {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: int(math.Round(mid)), Reason: reasons[i]}
+			continue
+		}
+		v := clamp(w[i]*factor, float64(s.MinWeight), float64(s.MaxWeight))
+		r := reasons[i]
+		if v >= float64(s.MaxWeight) {
+			r = ReasonClampedMax
+		} else if v <= float64(s.MinWeight) {
+			r = ReasonClampedMin
+		}
+		d.Endpoints[i] = Result{ID: ep.ID, Weight: int(math.Round(v)), Reason: r}
+	}
+	return d
+}
+
+func clamp(v, lo, hi float64) float64 { return math.Max(lo, math.Min(hi, v)) }
+
+// median returns the median of xs (mean of the middle two for even lengths); xs is not modified.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	c := append([]float64(nil), xs...)
+	sort.Float64s(c)
+	m := len(c) / 2
+	if len(c)%2 == 1 {
+		return c[m]
+	}
+	return (c[m-1] + c[m]) / 2
 }

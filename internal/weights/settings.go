@@ -36,11 +36,16 @@ type CapacityParams struct {
 	MaxStepRatio float64
 	// MaxWeightRatio bounds the ratio between the largest and the smallest weight.
 	MaxWeightRatio float64
-	// DeadBand is the relative weight change below which an update is not worth a write.
+	// DeadBand is the change below which an update is not worth a write: relative to the weight,
+	// and times the mean traffic share for the share the endpoint would gain or lose.
 	DeadBand float64
 	// MinRequestRate is the request rate below which an endpoint's cost per request is too noisy
 	// to trust; such an endpoint keeps the fleet's median cost.
 	MinRequestRate float64
+	// PlanningLoadFactor splits traffic as if the load were this many times the observed load
+	// (capped at the fleet's capacity): shares optimal for a higher load keep headroom on the
+	// fast endpoints for bursts that arrive between two cycles. 1 plans for the load as seen.
+	PlanningLoadFactor float64
 	// MedianWeight is the weight the median endpoint is scaled to. It sets the resolution of
 	// the weights (1/MedianWeight) and must lie within [MinWeight, MaxWeight].
 	MedianWeight int
@@ -63,12 +68,13 @@ func DefaultSettings(alg Algorithm) Settings {
 			MinWeight: 10,
 			MaxWeight: 1000,
 			Capacity: CapacityParams{
-				Gain:           0.7,
-				MaxStepRatio:   4,
-				MaxWeightRatio: 20,
-				DeadBand:       0.05,
-				MinRequestRate: 0.5,
-				MedianWeight:   100,
+				Gain:               0.5,
+				MaxStepRatio:       4,
+				MaxWeightRatio:     20,
+				DeadBand:           0.05,
+				MinRequestRate:     0.5,
+				PlanningLoadFactor: 1.5,
+				MedianWeight:       100,
 			},
 		}
 	}
@@ -121,6 +127,9 @@ func (s Settings) Validate() error {
 		}
 		if !finite(p.MinRequestRate) || p.MinRequestRate < 0 {
 			return fmt.Errorf("capacity minRequestRate %v must be a non-negative number", p.MinRequestRate)
+		}
+		if !finite(p.PlanningLoadFactor) || p.PlanningLoadFactor < 1 {
+			return fmt.Errorf("capacity planningLoadFactor %v must be at least 1", p.PlanningLoadFactor)
 		}
 		if p.MedianWeight < s.MinWeight || p.MedianWeight > s.MaxWeight {
 			return fmt.Errorf("capacity medianWeight %d must lie within [minWeight %d, maxWeight %d]", p.MedianWeight, s.MinWeight, s.MaxWeight)

@@ -39,6 +39,16 @@ type Endpoint struct {
 	CurrentWeight int
 }
 
+// Input is one Service's endpoints for one cycle.
+type Input struct {
+	Endpoints []Endpoint
+	// WindowCoverage is the fraction of the observation window during which the current weights
+	// were already in force (0..1). Traffic shares observed over a window that straddles a weight
+	// change mix the old weights with the new, so feedback on them would over-correct. 0 means
+	// unknown and is treated as 1.
+	WindowCoverage float64
+}
+
 // Result is the engine's decision for one endpoint.
 type Result struct {
 	ID     string

@@ -1,0 +1,216 @@
+// Package cycle plans one weight cycle for every opted-in Service: it runs the weight engine,
+// applies the metrics-outage policy, and decides which writes go out now within the
+// cluster-wide write budget and which carry over.
+//
+// It is pure: the operator gathers the inputs (endpoints, current weights, metrics) and performs
+// the writes; this package only decides. Time is passed in.
+package cycle
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// Action says what the operator must do with one Service this cycle.
+type Action string
+
+const (
+	// ActionWrite: new weights must be written now.
+	ActionWrite Action = "Write"
+	// ActionNone: the weights did not move beyond the dead band; nothing to write.
+	ActionNone Action = "None"
+	// ActionHold: the metrics failed; the last applied weights stay until the hold time runs out.
+	ActionHold Action = "Hold"
+	// ActionDeferred: a write is needed but the cycle's budget is spent; it carries over.
+	ActionDeferred Action = "Deferred"
+	// ActionDryRun: weights were computed for status and metrics only.
+	ActionDryRun Action = "DryRun"
+)
+
+// Target is one AdaptiveLoadBalancer due this cycle.
+type Target struct {
+	// Key identifies the target (namespace/name); it orders ties deterministically.
+	Key string
+	// Endpoints carry this cycle's observations and, in CurrentWeight, the weights now applied.
+	Endpoints []weights.Endpoint
+	Settings  weights.Settings
+	// MetricsErr is non-nil when the metrics for this target could not be fetched at all.
+	MetricsErr error
+	// HoldTime is how long the last weights stay in place after metrics fail (default 5 intervals).
+	HoldTime time.Duration
+	DryRun   bool
+	// WindowCoverage is the share of the metrics window observed under the current weights.
+	WindowCoverage float64
+}
+
+// State is what the planner remembers about a target between cycles; the operator stores it.
+type State struct {
+	// LastGoodMetrics is when metrics were last fetched successfully.
+	LastGoodMetrics time.Time
+	// FallenBack is true while the target runs on equal weights because metrics are gone.
+	FallenBack bool
+	// DeferredSince is when a needed write was first deferred by the budget; zero if none is pending.
+	DeferredSince time.Time
+}
+
+// Outcome is the plan for one target.
+type Outcome struct {
+	Key      string
+	Action   Action
+	Decision weights.Decision
+	// Need is how far the decided weights are from the applied ones: the largest |log(new/old)|.
+	// The budget serves the largest needs first.
+	Need float64
+	// Fallback is true when the decision resets weights to equal because metrics are gone.
+	Fallback bool
+	// FallbackStarted is true on the cycle the fallback begins (the operator records an Event).
+	FallbackStarted bool
+	// Recovered is true on the cycle metrics return after a fallback.
+	Recovered bool
+	Reason    string
+	// Err is set when the engine rejected the target's input; the target is left untouched.
+	Err error
+}
+
+// Plan decides this cycle for every target. budget bounds the number of ActionWrite outcomes
+// (0 means unlimited). It returns one outcome per target, in input order, and the new states.
+func Plan(now time.Time, targets []Target, states map[string]State, budget int) ([]Outcome, map[string]State) {
+	next := make(map[string]State, len(targets))
+	outcomes := make([]Outcome, len(targets))
+	for i, t := range targets {
+		st := states[t.Key]
+		outcomes[i], next[t.Key] = decide(now, t, st)
+	}
+	applyBudget(now, outcomes, targets, states, next, budget)
+	return outcomes, next
+}
+
+func decide(now time.Time, t Target, st State) (Outcome, State) {
+	out := Outcome{Key: t.Key}
+	if t.MetricsErr != nil {
+		if !st.FallenBack && !st.LastGoodMetrics.IsZero() && now.Sub(st.LastGoodMetrics) < t.HoldTime {
+			out.Action = ActionHold
+			out.Reason = fmt.Sprintf("metrics unavailable since %s: holding the last weights for up to %s: %v",
+				st.LastGoodMetrics.UTC().Format(time.RFC3339), t.HoldTime, t.MetricsErr)
+			out.Decision = keep(t.Endpoints)
+			return out, st
+		}
+		// The hold time ran out (or metrics never worked): equal weights are the safe default,
+		// Envoy's own balancing then applies as if the operator were not there.
+		eps := make([]weights.Endpoint, len(t.Endpoints))
+		copy(eps, t.Endpoints)
+		for i := range eps {
+			eps[i].HasMetrics = false
+		}
+		d, err := weights.Compute(weights.Input{Endpoints: eps}, t.Settings)
+		if err != nil {
+			out.Err = err
+			out.Action = ActionNone
+			out.Reason = err.Error()
+			return out, st
+		}
+		out.Decision = d
+		out.Fallback = true
+		out.FallbackStarted = !st.FallenBack
+		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
+		st.FallenBack = true
+	} else {
+		d, err := weights.Compute(weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage}, t.Settings)
+		if err != nil {
+			out.Err = err
+			out.Action = ActionNone
+			out.Reason = err.Error()
+			return out, st
+		}
+		out.Decision = d
+		out.Recovered = st.FallenBack
+		out.Reason = d.Reason
+		st.LastGoodMetrics = now
+		st.FallenBack = false
+	}
+	out.Need = need(t.Endpoints, out.Decision)
+	switch {
+	case !out.Decision.Changed:
+		out.Action = ActionNone
+		st.DeferredSince = time.Time{}
+	case t.DryRun:
+		out.Action = ActionDryRun
+		st.DeferredSince = time.Time{}
+	default:
+		out.Action = ActionWrite
+	}
+	return out, st
+}
+
+// keep returns a decision that leaves every weight as it is.
+func keep(eps []weights.Endpoint) weights.Decision {
+	d := weights.Decision{Endpoints: make([]weights.Result, len(eps)), Reason: "weights held"}
+	for i, e := range eps {
+		d.Endpoints[i] = weights.Result{ID: e.ID, Weight: e.CurrentWeight, Reason: "held: metrics unavailable"}
+	}
+	return d
+}
+
+// need is the largest relative move, in log space so that halving and doubling weigh the same.
+// An endpoint without a weight yet counts as the largest possible need.
+func need(eps []weights.Endpoint, d weights.Decision) float64 {
+	n := 0.0
+	for i, r := range d.Endpoints {
+		cur := eps[i].CurrentWeight
+		if cur <= 0 {
+			return math.Inf(1)
+		}
+		n = math.Max(n, math.Abs(math.Log(float64(r.Weight)/float64(cur))))
+	}
+	return n
+}
+
+// applyBudget keeps the budget's worth of writes, chosen by priority, and defers the rest.
+// Order: fallbacks first (they restore safe weights), then writes carried over from earlier
+// cycles, oldest first, so nothing starves behind Services that keep moving; then the largest
+// need; then the key, so the choice is deterministic.
+func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map[string]State, budget int) {
+	var writes []int
+	for i, o := range outs {
+		if o.Action == ActionWrite {
+			writes = append(writes, i)
+		}
+	}
+	since := func(i int) time.Time {
+		if s := prev[targets[i].Key].DeferredSince; !s.IsZero() {
+			return s
+		}
+		return now
+	}
+	sort.SliceStable(writes, func(a, b int) bool {
+		oa, ob := outs[writes[a]], outs[writes[b]]
+		if oa.Fallback != ob.Fallback {
+			return oa.Fallback
+		}
+		if sa, sb := since(writes[a]), since(writes[b]); !sa.Equal(sb) {
+			return sa.Before(sb)
+		}
+		if oa.Need != ob.Need {
+			return oa.Need > ob.Need
+		}
+		return oa.Key < ob.Key
+	})
+	for rank, i := range writes {
+		key := targets[i].Key
+		st := next[key]
+		if budget > 0 && rank >= budget {
+			outs[i].Action = ActionDeferred
+			outs[i].Reason = fmt.Sprintf("write budget of %d per cycle spent; carried over to the next cycle (%s)", budget, outs[i].Reason)
+			if st.DeferredSince.IsZero() {
+				st.DeferredSince = since(i)
+			}
+		} else {
+			st.DeferredSince = time.Time{}
+		}
+		next[key] = st
+	}
+}

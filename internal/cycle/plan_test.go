@@ -1,0 +1,231 @@
+package cycle
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+const interval = 30 * time.Second
+
+// skewed returns endpoints where the last one costs 3x more per request, at the given weights.
+func skewed(current ...int) []weights.Endpoint {
+	eps := make([]weights.Endpoint, len(current))
+	for i, w := range current {
+		cpu := 0.5
+		if i == len(current)-1 {
+			cpu = 1.5
+		}
+		eps[i] = weights.Endpoint{ID: fmt.Sprintf("pod-%d", i), CPUCores: cpu, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: w}
+	}
+	return eps
+}
+
+func target(key string, eps []weights.Endpoint) Target {
+	s := weights.DefaultSettings(weights.AlgorithmCapacity)
+	s.Capacity.PlanningLoadFactor = 1 // hand-computed converged states assume the load as seen
+	return Target{Key: key, Endpoints: eps, Settings: s, HoldTime: 5 * interval}
+}
+
+func TestPlan_WritesOnlyRealChanges(t *testing.T) {
+	targets := []Target{
+		target("ns/skewed", skewed(100, 100, 100)),
+		// Converged: capacities 900, 900, 400, 400 rps already serve their target shares
+		// 3:3:1:1 at weights 3:3:1:1, so the engine keeps the weights.
+		target("ns/converged", []weights.Endpoint{
+			{ID: "a", CPUCores: 1200.0 / 900, RequestRate: 600, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 300},
+			{ID: "b", CPUCores: 1200.0 / 900, RequestRate: 600, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 300},
+			{ID: "c", CPUCores: 1, RequestRate: 200, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100},
+			{ID: "d", CPUCores: 1, RequestRate: 200, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100},
+		}),
+	}
+	outs, states := Plan(t0, targets, nil, 0)
+	if outs[0].Action != ActionWrite {
+		t.Fatalf("skewed target: action %s, want Write (%s)", outs[0].Action, outs[0].Reason)
+	}
+	if outs[1].Action != ActionNone {
+		t.Fatalf("converged target: action %s, want None (%s)", outs[1].Action, outs[1].Reason)
+	}
+	if !states["ns/skewed"].LastGoodMetrics.Equal(t0) {
+		t.Fatal("a successful cycle must record when metrics were last good")
+	}
+}
+
+func TestPlan_DryRunNeverWrites(t *testing.T) {
+	tg := target("ns/dry", skewed(100, 100, 100))
+	tg.DryRun = true
+	outs, _ := Plan(t0, []Target{tg}, nil, 0)
+	if outs[0].Action != ActionDryRun {
+		t.Fatalf("action %s, want DryRun", outs[0].Action)
+	}
+	if !outs[0].Decision.Changed {
+		t.Fatal("dry run must still compute the weights it would write")
+	}
+}
+
+func TestPlan_MetricsOutageHoldsThenFallsBack(t *testing.T) {
+	outage := errors.New("connection refused")
+	tg := target("ns/svc", skewed(120, 120, 40))
+	states := map[string]State{"ns/svc": {LastGoodMetrics: t0}}
+
+	tg.MetricsErr = outage
+	steps := []struct {
+		at          time.Duration
+		wantAction  Action
+		wantStarted bool
+	}{
+		{1 * interval, ActionHold, false},
+		{4 * interval, ActionHold, false},
+		{5 * interval, ActionWrite, true}, // hold time ran out: reset to equal
+		{6 * interval, ActionNone, false}, // already equal: nothing more to write
+	}
+	for _, step := range steps {
+		outs, next := Plan(t0.Add(step.at), []Target{tg}, states, 0)
+		o := outs[0]
+		if o.Action != step.wantAction || o.FallbackStarted != step.wantStarted {
+			t.Fatalf("at %v: action %s started %v, want %s started %v (%s)", step.at, o.Action, o.FallbackStarted, step.wantAction, step.wantStarted, o.Reason)
+		}
+		if o.Action == ActionHold {
+			for i, r := range o.Decision.Endpoints {
+				if r.Weight != tg.Endpoints[i].CurrentWeight {
+					t.Fatalf("at %v: held weight %d, want the current %d", step.at, r.Weight, tg.Endpoints[i].CurrentWeight)
+				}
+			}
+		}
+		if o.Action == ActionWrite {
+			for _, r := range o.Decision.Endpoints {
+				if r.Weight != 100 {
+					t.Fatalf("fallback weight %d, want the equal default 100", r.Weight)
+				}
+			}
+			if !strings.Contains(o.Reason, "connection refused") {
+				t.Fatalf("fallback reason %q must carry the metrics error", o.Reason)
+			}
+			// The operator wrote them: the next cycle sees equal weights applied.
+			for i := range tg.Endpoints {
+				tg.Endpoints[i].CurrentWeight = 100
+			}
+		}
+		states = next
+	}
+	// Metrics return: the loop resumes and reports the recovery.
+	tg.MetricsErr = nil
+	outs, next := Plan(t0.Add(7*interval), []Target{tg}, states, 0)
+	if !outs[0].Recovered || outs[0].Action != ActionWrite {
+		t.Fatalf("after recovery: action %s recovered %v, want Write and recovered", outs[0].Action, outs[0].Recovered)
+	}
+	if next["ns/svc"].FallenBack {
+		t.Fatal("state still fallen back after metrics returned")
+	}
+}
+
+func TestPlan_MetricsThatNeverWorkedFallBackAtOnce(t *testing.T) {
+	tg := target("ns/svc", skewed(120, 120, 40))
+	tg.MetricsErr = errors.New("no data")
+	outs, _ := Plan(t0, []Target{tg}, nil, 0)
+	if !outs[0].Fallback || !outs[0].FallbackStarted {
+		t.Fatalf("want an immediate fallback, got %+v", outs[0])
+	}
+}
+
+func TestPlan_BudgetServesLargestNeedFirstAndCarriesOver(t *testing.T) {
+	// Fifty targets whose slow pod is more and more mis-weighted; budget 10.
+	var targets []Target
+	for i := 0; i < 50; i++ {
+		// The slow pod's current weight ranges from 100 (far from its target) to 51.
+		targets = append(targets, target(fmt.Sprintf("ns/svc-%02d", i), skewed(100, 100, 100-i)))
+	}
+	states := map[string]State{}
+	served := map[string]int{}
+	for cycle := 0; cycle < 5; cycle++ {
+		outs, next := Plan(t0.Add(time.Duration(cycle)*interval), targets, states, 10)
+		writes := 0
+		for _, o := range outs {
+			if o.Action == ActionWrite {
+				writes++
+				served[o.Key] = cycle
+			}
+		}
+		if writes != 10 {
+			t.Fatalf("cycle %d: %d writes, want exactly the budget 10", cycle, writes)
+		}
+		for _, o := range outs {
+			if o.Action == ActionNone && served[o.Key] != cycle && cycle > 0 {
+				if _, ok := served[o.Key]; !ok {
+					t.Fatalf("cycle %d: %s needs no write but was never served", cycle, o.Key)
+				}
+			}
+		}
+		// Writes go to the largest needs; every deferred need is at most the smallest written.
+		minWritten := math.Inf(1)
+		for _, o := range outs {
+			if o.Action == ActionWrite {
+				minWritten = math.Min(minWritten, o.Need)
+			}
+		}
+		for _, o := range outs {
+			if o.Action == ActionDeferred && o.Need > minWritten {
+				t.Fatalf("cycle %d: deferred %s with need %.3f above a written need %.3f", cycle, o.Key, o.Need, minWritten)
+			}
+		}
+		// The operator applies this cycle's writes and traffic follows: each pod now serves in
+		// proportion to its weight at equal utilization, so the target has converged.
+		for i, o := range outs {
+			if o.Action == ActionWrite {
+				for j, r := range o.Decision.Endpoints {
+					targets[i].Endpoints[j].CurrentWeight = r.Weight
+					targets[i].Endpoints[j].CPUCores = 1
+					targets[i].Endpoints[j].RequestRate = float64(r.Weight)
+				}
+			}
+		}
+		states = next
+	}
+	if len(served) != 50 {
+		t.Fatalf("%d of 50 targets served in 5 cycles of budget 10; the rest starved", len(served))
+	}
+	if served["ns/svc-00"] != 0 {
+		t.Fatalf("the most mis-weighted target was served in cycle %d, want 0", served["ns/svc-00"])
+	}
+}
+
+func TestPlan_EngineErrorLeavesTargetAlone(t *testing.T) {
+	tg := target("ns/bad", skewed(100, 100))
+	tg.Settings.MinWeight = 0
+	outs, _ := Plan(t0, []Target{tg}, nil, 0)
+	if outs[0].Err == nil || outs[0].Action != ActionNone {
+		t.Fatalf("want an error and no action, got %+v", outs[0])
+	}
+}
+
+func TestPlan_CarriedOverWritesGoBeforeNewOnes(t *testing.T) {
+	small := target("ns/small", skewed(100, 100, 90))  // small need
+	large := target("ns/large", skewed(100, 100, 100)) // first step: large need
+	// Cycle 0: budget 1 and a competitor with a larger need, so the small one is deferred.
+	competitor := target("ns/competitor", skewed(100, 100, 100))
+	outs, states := Plan(t0, []Target{small, competitor}, nil, 1)
+	if outs[0].Action != ActionDeferred || outs[1].Action != ActionWrite {
+		t.Fatalf("cycle 0: small %s, competitor %s; want Deferred, Write", outs[0].Action, outs[1].Action)
+	}
+	if !states["ns/small"].DeferredSince.Equal(t0) {
+		t.Fatal("deferral time not recorded")
+	}
+	// Cycle 1: a new target with a larger need arrives; the carried-over one still goes first.
+	outs, states = Plan(t0.Add(interval), []Target{small, large}, states, 1)
+	if outs[0].Action != ActionWrite || outs[1].Action != ActionDeferred {
+		t.Fatalf("cycle 1: small %s, large %s; want Write, Deferred", outs[0].Action, outs[1].Action)
+	}
+	if !states["ns/small"].DeferredSince.IsZero() {
+		t.Fatal("a served target must clear its deferral")
+	}
+	if !strings.Contains(outs[1].Reason, "write budget of 1 per cycle spent") {
+		t.Fatalf("deferral reason %q does not explain the budget", outs[1].Reason)
+	}
+}

@@ -1,0 +1,119 @@
+package sim
+
+import "math"
+
+// cfsPeriod is the CFS bandwidth period Kubernetes uses (cpu.cfs_period_us = 100000).
+const cfsPeriod = 0.1
+
+// pod models one server pod's CPU the way Linux runs it inside a Kubernetes CPU limit:
+//   - up to `workers` requests are in service at once; more wait in a FIFO queue;
+//   - requests in service share min(n, cores) CPUs equally (processor sharing), each using at
+//     most one CPU;
+//   - the CFS bandwidth controller grants cpu_limit × 100 ms of CPU time per 100 ms period; once
+//     the pod has spent it, every request stalls until the period ends.
+//
+// Work is tracked with a virtual clock: every request in service has received the same CPU time
+// since the pod's `vwork` started, so a request finishes when vwork reaches its finishV.
+type pod struct {
+	id      int32
+	name    string
+	group   int
+	speed   float64
+	cores   float64
+	workers int
+	quota   float64 // CPU-seconds per CFS period; 0 means no limit
+	limit   float64 // cores
+
+	running []int32 // request ids in service
+	queue   []int32 // FIFO of request ids waiting for a worker
+	qhead   int
+
+	vwork     float64
+	lastT     float64
+	used      float64 // CPU-seconds spent in the current period
+	periodEnd float64
+	throttled bool
+	version   uint32 // invalidates stale wake events
+	wakeAt    float64
+
+	inHostSet bool // receives new requests
+	born      float64
+
+	// Counters, cumulative since the start of the run.
+	cpu          float64 // CPU-seconds used
+	served       uint64  // completed requests
+	throttledFor float64 // seconds spent throttled with requests waiting
+	area         float64 // ∫ requests in the pod dt, for Little's law
+	errors       uint64
+}
+
+func (p *pod) inSystem() int { return len(p.running) + len(p.queue) - p.qhead }
+
+// advance brings the pod's CPU accounting to time t. It is safe to call at any time; it does not
+// change when the pod next needs to wake.
+func (p *pod) advance(t float64) {
+	dt := t - p.lastT
+	if dt > 0 {
+		n := len(p.running)
+		p.area += float64(p.inSystem()) * dt
+		if n > 0 {
+			if p.throttled {
+				p.throttledFor += dt
+			} else {
+				busy := math.Min(float64(n), p.cores)
+				p.vwork += busy / float64(n) * dt
+				p.used += busy * dt
+				p.cpu += busy * dt
+			}
+		}
+		p.lastT = t
+	}
+	// A busy, unthrottled pod always has a wake at its period end, so only an idle or throttled
+	// pod can get here past it; then no CPU was used in between and the reset is exact.
+	if t >= p.periodEnd-1e-12 {
+		p.periodEnd += (math.Floor((t-p.periodEnd)/cfsPeriod) + 1) * cfsPeriod
+		p.used = 0
+		p.throttled = false
+	}
+	if p.quota > 0 && p.used >= p.quota-1e-12 && len(p.running) > 0 {
+		p.throttled = true
+	}
+}
+
+// nextWake returns when the pod next changes state on its own, or +Inf when idle.
+func (p *pod) nextWake(finish []float64) float64 {
+	n := len(p.running)
+	if n == 0 {
+		return math.Inf(1)
+	}
+	if p.throttled {
+		return p.periodEnd
+	}
+	rate := math.Min(float64(n), p.cores) / float64(n)
+	minFinish := math.Inf(1)
+	for _, id := range p.running {
+		if f := finish[id]; f < minFinish {
+			minFinish = f
+		}
+	}
+	wake := p.lastT + math.Max(0, minFinish-p.vwork)/rate
+	if p.quota > 0 {
+		busy := math.Min(float64(n), p.cores)
+		if ex := p.lastT + math.Max(0, p.quota-p.used)/busy; ex < wake {
+			wake = ex
+		}
+		if p.periodEnd < wake {
+			wake = p.periodEnd
+		}
+	}
+	return wake
+}
+
+// setSpeed changes the hardware speed; work already in service keeps its progress.
+func (p *pod) setSpeed(speed float64, finish []float64) {
+	for _, id := range p.running {
+		remaining := finish[id] - p.vwork
+		finish[id] = p.vwork + remaining*p.speed/speed
+	}
+	p.speed = speed
+}

@@ -1,0 +1,165 @@
+package sim
+
+import (
+	"math"
+	"sort"
+)
+
+// Result is one policy's outcome. JSON field names are a public format: add, never rename.
+type Result struct {
+	Policy       string      `json:"policy"`
+	Latency      Percentiles `json:"latency_ms"`
+	TotalCPU     float64     `json:"total_cpu"`
+	Requests     int64       `json:"requests"`
+	WeightWrites int         `json:"weight_writes"`
+	Pods         []PodResult `json:"pods"`
+	// Timeline holds the latency of each 10 s of the run, warm-up included.
+	Timeline []TimelinePoint `json:"timeline"`
+	// Weights holds every weight write as it reached the clients.
+	Weights []WeightPoint `json:"weights,omitempty"`
+	// ThrottledSeconds sums, over pods, the time spent stalled by the CPU limit with work waiting.
+	ThrottledSeconds float64 `json:"throttled_seconds"`
+	// MeanInSystem is the time-average number of requests inside pods (for Little's law).
+	MeanInSystem float64 `json:"mean_in_system"`
+	// SteadyAfterS is the first time from which the 10 s p99 stays within a factor 1.5 of the
+	// second half's median p99: how long the policy took to settle.
+	SteadyAfterS float64 `json:"steady_after_s"`
+}
+
+// Percentiles are latency percentiles in milliseconds.
+type Percentiles struct {
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P95  float64 `json:"p95"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p999"`
+	Mean float64 `json:"mean"`
+}
+
+// PodResult summarises one pod over the measured period.
+type PodResult struct {
+	Name        string         `json:"name"`
+	RPS         float64        `json:"rps"`
+	CPU         float64        `json:"cpu"`
+	Latency     PodPercentiles `json:"latency_ms"`
+	FinalWeight int            `json:"final_weight"`
+}
+
+// PodPercentiles are a pod's own latency percentiles in milliseconds.
+type PodPercentiles struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+}
+
+// TimelinePoint is the latency of the responses received in the 10 s ending at TimeS.
+type TimelinePoint struct {
+	TimeS float64 `json:"t_s"`
+	P50   float64 `json:"p50_ms"`
+	P99   float64 `json:"p99_ms"`
+	RPS   float64 `json:"rps"`
+}
+
+// WeightPoint is the weight of every pod at a moment.
+type WeightPoint struct {
+	TimeS   float64        `json:"t_s"`
+	Weights map[string]int `json:"weights"`
+}
+
+// timelineBucket is the width of one timeline point.
+const timelineBucket = 10
+
+func (s *simulation) result() *Result {
+	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, Weights: s.weightLog}
+	r.Requests = int64(len(s.latencies))
+	r.Latency = percentiles(s.latencies)
+	measured := s.end - s.warmup
+	for i, p := range s.pods {
+		var cpu0, from float64
+		var served0 uint64
+		if i < len(s.warmAt) {
+			cpu0, served0, from = s.warmCPU[i], s.warmServed[i], s.warmAt[i]
+		} else {
+			from = p.born
+		}
+		span := s.end - from
+		r.TotalCPU += (p.cpu - cpu0) / measured
+		r.ThrottledSeconds += p.throttledFor
+		r.MeanInSystem += p.area / s.end
+		if span <= 0 {
+			continue
+		}
+		pl := percentiles(s.podLat[i])
+		w := s.weightOf[p.id]
+		if !p.inHostSet {
+			w = 0
+		} else if w == 0 {
+			w = 1
+		}
+		r.Pods = append(r.Pods, PodResult{
+			Name:        p.name,
+			RPS:         float64(p.served-served0) / span,
+			CPU:         (p.cpu - cpu0) / span,
+			Latency:     PodPercentiles{P50: pl.P50, P99: pl.P99},
+			FinalWeight: w,
+		})
+	}
+	r.Timeline = s.timeline
+	r.SteadyAfterS = steadyAfter(r.Timeline)
+	return r
+}
+
+// percentiles sorts a copy of xs; the nearest-rank method matches what load generators report.
+func percentiles(xs []float32) Percentiles {
+	if len(xs) == 0 {
+		return Percentiles{}
+	}
+	c := append([]float32(nil), xs...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	var sum float64
+	for _, v := range c {
+		sum += float64(v)
+	}
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(c)))) - 1
+		if i < 0 {
+			i = 0
+		}
+		return float64(c[i])
+	}
+	return Percentiles{P50: at(0.5), P90: at(0.9), P95: at(0.95), P99: at(0.99), P999: at(0.999), Mean: sum / float64(len(c))}
+}
+
+// steadyBand is how far a 10 s p99 may stray from the steady level and still count as steady.
+const steadyBand = 1.5
+
+// steadyAfter returns the start of the final stretch of the timeline in which every point's p99
+// (as a moving median of three) lies within steadyBand of the median p99 of the second half.
+func steadyAfter(tl []TimelinePoint) float64 {
+	if len(tl) < 2 {
+		return 0
+	}
+	var second []float32
+	for _, p := range tl[len(tl)/2:] {
+		second = append(second, float32(p.P99))
+	}
+	level := percentiles(second).P50
+	// Single 10 s p99s are noisy; judge the moving median of three.
+	smooth := func(i int) float64 {
+		lo, hi := max(0, i-1), min(len(tl)-1, i+1)
+		var w []float32
+		for j := lo; j <= hi; j++ {
+			w = append(w, float32(tl[j].P99))
+		}
+		return percentiles(w).P50
+	}
+	at := tl[len(tl)-1].TimeS
+	for i := len(tl) - 1; i >= 0; i-- {
+		p := smooth(i)
+		if p > level*steadyBand || p < level/steadyBand {
+			break
+		}
+		// The bucket ending at TimeS started timelineBucket earlier.
+		at = tl[i].TimeS - timelineBucket
+	}
+	return at
+}

@@ -1,0 +1,673 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand"
+	"sort"
+	"strings"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// Policies the simulator can run. The first three are Envoy's client balancers alone; the
+// controller policies run adaptive-lb's weight engine on top of the scenario's client balancer.
+const (
+	PolicyRoundRobin   = LBRoundRobin
+	PolicyRandom       = LBRandom
+	PolicyLeastRequest = LBLeastRequest
+	PolicyCPUDistance  = string(weights.AlgorithmCPUDistance)
+	PolicyCapacity     = string(weights.AlgorithmCapacity)
+	// PolicyOracle writes static weights proportional to every pod's true capacity, known from
+	// the scenario, on the scenario's client balancer: what perfect knowledge of the hardware gives
+	// a weight-based approach.
+	PolicyOracle = "oracle"
+)
+
+// Policies lists every policy name accepted by Run.
+var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle}
+
+// DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
+var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity}
+
+// ValidatePolicy returns an error naming the allowed policies when name is unknown.
+func ValidatePolicy(name string) error {
+	for _, p := range Policies {
+		if p == name {
+			return nil
+		}
+	}
+	return fmt.Errorf("policy %q is unknown; valid policies are %s", name, strings.Join(Policies, ", "))
+}
+
+// Options adjust one run.
+type Options struct {
+	// Settings overrides the engine settings of a controller policy; nil uses the defaults.
+	Settings *weights.Settings
+	// Progress, when set, is called with the fraction of simulated time done (0..1), a few
+	// hundred times per run.
+	Progress func(done float64)
+	// StaticWeights, when set, gives every pod of a group a fixed weight from the start, with no
+	// controller: how a hand-tuned ServiceEntry would behave.
+	StaticWeights map[string]int
+}
+
+// request is one request in flight.
+type request struct {
+	sent  float64 // when the client issued it
+	cost  float64 // CPU-seconds on reference hardware (speed 1)
+	proxy int32
+	pod   int32
+}
+
+// simulation is the state of one run. It is single-threaded; parallel runs use separate values.
+type simulation struct {
+	sc       *Scenario
+	policy   string
+	settings *weights.Settings // nil: no controller
+	opts     Options
+
+	q       eventQueue
+	arrRand *rand.Rand // arrivals, costs and proxy choice: identical across policies for a seed
+	lbRand  *rand.Rand // balancer choices and scenario randomness
+
+	end, warmup float64
+	rps         float64
+
+	pods   []*pod
+	groups [][]int32 // pod ids per group, in creation order
+	hosts  []int32   // pods in the host set, in creation order
+
+	weightOf  map[int32]int // controller weights by pod id; empty until the first write
+	balancers [][]*balancer // [proxy][worker]
+	active    [][]int32     // [proxy][pod id] requests in flight as the proxy sees them
+	reqs      []request
+	finish    []float64 // per request id: the pod's vwork at which it completes
+	free      []int32   // recycled request ids
+	netHalf   float64
+	latencies []float32 // ms, requests sent after warm-up, in completion order
+	podLat    [][]float32
+	bucketLat []float32 // ms, every response in the current timeline bucket, warm-up included
+	timeline  []TimelinePoint
+	totalSent uint64
+
+	// Controller state.
+	snapCPU      [][]float64 // [pod id][second] cumulative CPU-seconds
+	snapServed   [][]uint64  // [pod id][second] cumulative completions
+	pending      map[uint32]map[int32]int
+	applySeq     uint32
+	weightWrites int
+	weightLog    []WeightPoint
+	lastApply    float64 // when weights last reached the clients; 0 before the first write
+
+	warmCPU    []float64
+	warmServed []uint64
+	warmAt     []float64
+	progressAt float64
+}
+
+// Run simulates a scenario under one policy. It is deterministic for the scenario's seed.
+func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
+	if err := ValidatePolicy(policy); err != nil {
+		return nil, err
+	}
+	s := &simulation{
+		sc:       sc,
+		policy:   policy,
+		opts:     opts,
+		arrRand:  rand.New(rand.NewSource(sc.Seed)),
+		lbRand:   rand.New(rand.NewSource(sc.Seed ^ 0x5eed)),
+		end:      sc.Duration.Seconds(),
+		warmup:   sc.Warmup.Seconds(),
+		rps:      sc.Load.RPS,
+		netHalf:  sc.Clients.NetworkLatency.Seconds() / 2,
+		weightOf: map[int32]int{},
+		pending:  map[uint32]map[int32]int{},
+	}
+	lb := sc.Clients.LB
+	switch policy {
+	case PolicyRoundRobin, PolicyRandom, PolicyLeastRequest:
+		lb = policy
+	case PolicyOracle:
+		if len(opts.StaticWeights) == 0 {
+			s.opts.StaticWeights = OracleWeights(sc)
+		}
+	default:
+		st := weights.DefaultSettings(weights.Algorithm(policy))
+		if opts.Settings != nil {
+			st = *opts.Settings
+		}
+		if err := st.Validate(); err != nil {
+			return nil, fmt.Errorf("engine settings for %s: %w", policy, err)
+		}
+		s.settings = &st
+	}
+	s.balancers = make([][]*balancer, sc.Clients.Proxies)
+	s.active = make([][]int32, sc.Clients.Proxies)
+	for p := range s.balancers {
+		s.balancers[p] = make([]*balancer, sc.Clients.Workers)
+		for w := range s.balancers[p] {
+			s.balancers[p][w] = newBalancer(lb, sc.Clients.ChoiceCount, *sc.Clients.ActiveRequestBias)
+		}
+	}
+	s.groups = make([][]int32, len(sc.Pods))
+	for g, pg := range sc.Pods {
+		for i := 0; i < pg.Replicas; i++ {
+			s.addPod(g, 0)
+		}
+	}
+	if len(s.opts.StaticWeights) > 0 {
+		if s.settings != nil {
+			return nil, fmt.Errorf("static weights and the %s controller exclude each other", policy)
+		}
+		for _, id := range s.hosts {
+			w, ok := s.opts.StaticWeights[sc.Pods[s.pods[id].group].Name]
+			if !ok || w < 1 {
+				return nil, fmt.Errorf("static weights: pod group %q needs a weight of at least 1", sc.Pods[s.pods[id].group].Name)
+			}
+			s.weightOf[id] = w
+		}
+		s.logWeights(0)
+	}
+	s.refreshBalancers()
+	if s.warmup == 0 {
+		s.markWarm(0)
+	}
+	s.schedule()
+	if err := s.loop(); err != nil {
+		return nil, err
+	}
+	return s.result(), nil
+}
+
+func (s *simulation) schedule() {
+	s.q.push(s.nextArrival(0), evArrival, 0, 0)
+	for i, ph := range s.sc.Load.Phases {
+		s.q.push(ph.At.Seconds(), evPhase, int32(i), 0)
+	}
+	for g, pg := range s.sc.Pods {
+		for j, ev := range pg.Events {
+			s.q.push(ev.At.Seconds(), evPodEvent, int32(g), uint32(j))
+		}
+	}
+	for t := 1.0; t <= s.end; t++ {
+		s.q.push(t, evSnapshot, 0, 0)
+	}
+	if s.settings != nil {
+		iv := s.sc.Controller.Interval.Seconds()
+		for t := iv; t <= s.end; t += iv {
+			s.q.push(t, evControl, 0, 0)
+		}
+	}
+}
+
+func (s *simulation) nextArrival(now float64) float64 {
+	if s.sc.Load.Arrival == "constant" {
+		return now + 1/s.rps
+	}
+	return now + s.arrRand.ExpFloat64()/s.rps
+}
+
+func (s *simulation) loop() error {
+	for s.q.len() > 0 {
+		ev := s.q.pop()
+		if ev.t > s.end {
+			break
+		}
+		switch ev.kind {
+		case evArrival:
+			s.onArrival(ev.t)
+		case evPodArrive:
+			s.onPodArrive(ev.t, ev.a)
+		case evPodWake:
+			p := s.pods[ev.a]
+			if ev.b == p.version {
+				s.onPodWake(ev.t, p)
+			}
+		case evResponse:
+			s.onResponse(ev.t, ev.a)
+		case evControl:
+			if err := s.onControl(ev.t); err != nil {
+				return err
+			}
+		case evApply:
+			s.onApply(ev.t, ev.b)
+		case evPodEvent:
+			s.onPodEvent(ev.t, int(ev.a), int(ev.b))
+		case evRestartStep:
+			s.onRestartStep(ev.t, int(ev.a), int(ev.b))
+		case evPhase:
+			s.rps = s.sc.Load.Phases[ev.a].RPS
+		case evSnapshot:
+			s.onSnapshot(ev.t)
+		}
+	}
+	s.settle(s.end)
+	return nil
+}
+
+func (s *simulation) addPod(group int, now float64) *pod {
+	pg := s.sc.Pods[group]
+	id := int32(len(s.pods))
+	p := &pod{
+		id:        id,
+		name:      fmt.Sprintf("%s-%d", pg.Name, len(s.groups[group])),
+		group:     group,
+		speed:     pg.Speed,
+		cores:     pg.Cores,
+		workers:   pg.Workers,
+		limit:     pg.CPULimit,
+		quota:     pg.CPULimit * cfsPeriod,
+		inHostSet: true,
+		born:      now,
+		lastT:     now,
+		// CFS periods start when the cgroup's timer does: not aligned across pods.
+		periodEnd: now + cfsPeriod*(0.05+0.95*s.lbRand.Float64()),
+	}
+	s.pods = append(s.pods, p)
+	s.groups[group] = append(s.groups[group], id)
+	s.hosts = append(s.hosts, id)
+	for i := range s.active {
+		s.active[i] = append(s.active[i], 0)
+	}
+	s.podLat = append(s.podLat, nil)
+	s.snapCPU = append(s.snapCPU, nil)
+	s.snapServed = append(s.snapServed, nil)
+	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
+		s.weightOf[id] = w
+	} else if s.settings != nil && len(s.weightOf) > 0 {
+		// The mirror writes a new endpoint at once with the median weight.
+		s.weightOf[id] = s.medianWeight()
+	}
+	return p
+}
+
+func (s *simulation) removePod(id int32) {
+	s.pods[id].inHostSet = false
+	for i, h := range s.hosts {
+		if h == id {
+			s.hosts = append(s.hosts[:i], s.hosts[i+1:]...)
+			break
+		}
+	}
+	delete(s.weightOf, id)
+}
+
+func (s *simulation) medianWeight() int {
+	var ws []int
+	for _, h := range s.hosts {
+		if w, ok := s.weightOf[h]; ok {
+			ws = append(ws, w)
+		}
+	}
+	if len(ws) == 0 {
+		return 1
+	}
+	sort.Ints(ws)
+	return ws[len(ws)/2]
+}
+
+// refreshBalancers pushes the host set and weights to every client worker, like an EDS update.
+func (s *simulation) refreshBalancers() {
+	ws := make([]float64, len(s.hosts))
+	for i, h := range s.hosts {
+		ws[i] = 1
+		if w, ok := s.weightOf[h]; ok {
+			ws[i] = float64(w)
+		}
+	}
+	for p, workers := range s.balancers {
+		for _, b := range workers {
+			b.refresh(s.hosts, ws, s.active[p], s.lbRand)
+		}
+	}
+}
+
+// unitQuantile is a uniform draw shared by every policy for the same request, so that policies
+// face identical work (common random numbers); each pod turns it into its own cost distribution.
+func costFor(c Cost, u float64) float64 {
+	mean := c.Mean.Seconds()
+	switch c.Dist {
+	case "constant":
+		return mean
+	case "exponential":
+		return -math.Log(1-u) * mean
+	default: // lognormal with the given mean and coefficient of variation
+		sigma2 := math.Log(1 + c.CV*c.CV)
+		mu := math.Log(mean) - sigma2/2
+		z := math.Sqrt2 * math.Erfinv(2*u-1)
+		return math.Exp(mu + math.Sqrt(sigma2)*z)
+	}
+}
+
+func (s *simulation) onArrival(t float64) {
+	s.q.push(s.nextArrival(t), evArrival, 0, 0)
+	u := s.arrRand.Float64()
+	proxy := s.arrRand.Intn(len(s.balancers))
+	worker := s.arrRand.Intn(len(s.balancers[proxy]))
+	if len(s.hosts) == 0 {
+		return // no endpoint: the request fails fast (503) and is not a latency sample
+	}
+	podID := s.balancers[proxy][worker].pick(s.active[proxy], s.lbRand)
+	p := s.pods[podID]
+	var id int32
+	if n := len(s.free); n > 0 {
+		id = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		id = int32(len(s.reqs))
+		s.reqs = append(s.reqs, request{})
+		s.finish = append(s.finish, 0)
+	}
+	s.reqs[id] = request{sent: t, cost: costFor(s.sc.Pods[p.group].Cost, u), proxy: int32(proxy), pod: podID}
+	s.active[proxy][podID]++
+	s.totalSent++
+	s.q.push(t+s.netHalf, evPodArrive, id, 0)
+}
+
+func (s *simulation) onPodArrive(t float64, id int32) {
+	p := s.pods[s.reqs[id].pod]
+	p.advance(t)
+	if len(p.running) < p.workers {
+		s.start(p, id)
+	} else {
+		p.queue = append(p.queue, id)
+	}
+	s.rewake(p)
+}
+
+func (s *simulation) start(p *pod, id int32) {
+	s.finish[id] = p.vwork + s.reqs[id].cost/p.speed
+	p.running = append(p.running, id)
+}
+
+func (s *simulation) rewake(p *pod) {
+	w := p.nextWake(s.finish)
+	if math.IsInf(w, 1) {
+		p.version++
+		p.wakeAt = -1
+		return
+	}
+	if w == p.wakeAt && p.version != 0 {
+		return // the pending wake is still right
+	}
+	p.version++
+	p.wakeAt = w
+	s.q.push(w, evPodWake, p.id, p.version)
+}
+
+func (s *simulation) onPodWake(t float64, p *pod) {
+	p.advance(t)
+	// Complete every request whose work is done (several can finish together).
+	const eps = 1e-12
+	kept := p.running[:0]
+	var done []int32
+	for _, id := range p.running {
+		if s.finish[id] <= p.vwork+eps {
+			done = append(done, id)
+		} else {
+			kept = append(kept, id)
+		}
+	}
+	p.running = kept
+	for _, id := range done {
+		p.served++
+		s.q.push(t+s.netHalf, evResponse, id, 0)
+	}
+	for len(p.running) < p.workers && p.qhead < len(p.queue) {
+		s.start(p, p.queue[p.qhead])
+		p.qhead++
+	}
+	if p.qhead == len(p.queue) {
+		p.queue, p.qhead = p.queue[:0], 0
+	} else if p.qhead > 1024 && p.qhead*2 > len(p.queue) {
+		p.queue = append(p.queue[:0], p.queue[p.qhead:]...)
+		p.qhead = 0
+	}
+	// A completion may have happened exactly at quota exhaustion: re-check throttling.
+	p.advance(t)
+	p.wakeAt = -1
+	s.rewake(p)
+}
+
+func (s *simulation) onResponse(t float64, id int32) {
+	r := s.reqs[id]
+	s.active[r.proxy][r.pod]--
+	ms := float32((t - r.sent) * 1000)
+	s.bucketLat = append(s.bucketLat, ms)
+	if r.sent >= s.warmup {
+		s.latencies = append(s.latencies, ms)
+		s.podLat[r.pod] = append(s.podLat[r.pod], ms)
+	}
+	s.free = append(s.free, id)
+}
+
+func (s *simulation) onSnapshot(t float64) {
+	for _, p := range s.pods {
+		p.advance(t)
+		s.snapCPU[p.id] = append(s.snapCPU[p.id], p.cpu)
+		s.snapServed[p.id] = append(s.snapServed[p.id], p.served)
+	}
+	if int(t)%timelineBucket == 0 {
+		pc := percentiles(s.bucketLat)
+		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: pc.P50, P99: pc.P99, RPS: float64(len(s.bucketLat)) / timelineBucket})
+		s.bucketLat = s.bucketLat[:0]
+	}
+	if s.warmAt == nil && t >= s.warmup {
+		s.markWarm(t)
+	}
+	if s.opts.Progress != nil && t-s.progressAt >= s.end/200 {
+		s.progressAt = t
+		s.opts.Progress(t / s.end)
+	}
+}
+
+func (s *simulation) markWarm(t float64) {
+	s.warmAt = make([]float64, len(s.pods))
+	s.warmCPU = make([]float64, len(s.pods))
+	s.warmServed = make([]uint64, len(s.pods))
+	for i, p := range s.pods {
+		s.warmAt[i] = t
+		s.warmCPU[i] = p.cpu
+		s.warmServed[i] = p.served
+	}
+}
+
+// windowStats returns a pod's CPU cores and completion rate over the controller window ending at
+// second sec, as a rate() over a TSDB's samples would.
+func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, span float64) {
+	cpus, served := s.snapCPU[p.id], s.snapServed[p.id]
+	last := len(cpus) - 1
+	if last < 0 {
+		return 0, 0, 0
+	}
+	first := last - int(s.sc.Controller.Window.Seconds())
+	if first < 0 {
+		first = 0
+	}
+	// The pod's own samples start at the first snapshot after it was born.
+	startSec := int(math.Ceil(p.born))
+	bornIdx := last - (sec - startSec)
+	if bornIdx > first {
+		first = bornIdx
+	}
+	span = float64(last - first)
+	if span <= 0 {
+		return 0, 0, 0
+	}
+	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, span
+}
+
+// minMetricsAge is how long a pod must have been scraped before its rates mean anything.
+const minMetricsAge = 15
+
+func (s *simulation) onControl(t float64) error {
+	sec := int(math.Round(t))
+	var eps []weights.Endpoint
+	var ids []int32
+	for _, h := range s.hosts {
+		p := s.pods[h]
+		if len(s.snapCPU[h]) == 0 {
+			continue
+		}
+		cpu, rps, span := s.windowStats(p, sec)
+		cur := s.weightOf[h]
+		if len(s.weightOf) == 0 {
+			cur = 1 // unweighted: Envoy sees every endpoint at weight 1
+		}
+		eps = append(eps, weights.Endpoint{
+			ID:            p.name,
+			CPUCores:      cpu,
+			CPULimitCores: p.limit,
+			RequestRate:   rps,
+			HasMetrics:    span >= minMetricsAge,
+			CurrentWeight: cur,
+		})
+		ids = append(ids, h)
+	}
+	coverage := 1.0
+	if s.lastApply > 0 {
+		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
+	}
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage}, *s.settings)
+	if err != nil {
+		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
+	}
+	if !d.Changed {
+		return nil
+	}
+	s.applySeq++
+	next := make(map[int32]int, len(ids))
+	for i, r := range d.Endpoints {
+		next[ids[i]] = r.Weight
+	}
+	s.pending[s.applySeq] = next
+	s.weightWrites++
+	s.q.push(t+s.sc.Controller.ApplyDelay.Seconds(), evApply, 0, s.applySeq)
+	return nil
+}
+
+func (s *simulation) onApply(t float64, seq uint32) {
+	next := s.pending[seq]
+	delete(s.pending, seq)
+	applied := make(map[int32]int, len(s.hosts))
+	for _, h := range s.hosts {
+		if w, ok := next[h]; ok {
+			applied[h] = w
+		}
+	}
+	s.weightOf = applied
+	s.lastApply = t
+	// Pods that joined after the decision keep the mirror's median weight.
+	for _, h := range s.hosts {
+		if _, ok := s.weightOf[h]; !ok {
+			s.weightOf[h] = s.medianWeight()
+		}
+	}
+	s.logWeights(t)
+	s.refreshBalancers()
+}
+
+func (s *simulation) logWeights(t float64) {
+	wp := WeightPoint{TimeS: t, Weights: map[string]int{}}
+	for _, h := range s.hosts {
+		wp.Weights[s.pods[h].name] = s.weightOf[h]
+	}
+	s.weightLog = append(s.weightLog, wp)
+}
+
+func (s *simulation) onPodEvent(t float64, g, j int) {
+	ev := s.sc.Pods[g].Events[j]
+	switch {
+	case ev.Speed != nil:
+		for _, id := range s.groups[g] {
+			p := s.pods[id]
+			if !p.inHostSet && p.inSystem() == 0 {
+				continue
+			}
+			p.advance(t)
+			p.setSpeed(*ev.Speed, s.finish)
+			p.wakeAt = -1
+			s.rewake(p)
+		}
+	case ev.Replicas != nil:
+		live := s.liveIn(g)
+		for len(live) < *ev.Replicas {
+			live = append(live, s.addPod(g, t).id)
+		}
+		for len(live) > *ev.Replicas {
+			s.removePod(live[len(live)-1])
+			live = live[:len(live)-1]
+		}
+		s.refreshBalancers()
+	case ev.Restart != nil:
+		s.q.push(t, evRestartStep, int32(g), 0)
+	}
+}
+
+// onRestartStep replaces the step-th pod of a rolling restart: the new pod joins, then the old
+// one leaves (maxSurge 1, maxUnavailable 0); in-flight requests on the old pod complete.
+func (s *simulation) onRestartStep(t float64, g, step int) {
+	live := s.liveIn(g)
+	if step >= len(live) {
+		return
+	}
+	old := live[0]
+	s.addPod(g, t)
+	s.removePod(old)
+	s.refreshBalancers()
+	if step+1 < len(live) {
+		var every float64
+		for _, ev := range s.sc.Pods[g].Events {
+			if ev.Restart != nil {
+				every = ev.Restart.Seconds()
+			}
+		}
+		s.q.push(t+every, evRestartStep, int32(g), uint32(step+1))
+	}
+}
+
+func (s *simulation) liveIn(g int) []int32 {
+	var live []int32
+	for _, id := range s.groups[g] {
+		if s.pods[id].inHostSet {
+			live = append(live, id)
+		}
+	}
+	return live
+}
+
+func (s *simulation) settle(t float64) {
+	for _, p := range s.pods {
+		p.advance(t)
+	}
+	if s.warmAt == nil {
+		s.markWarm(s.warmup)
+	}
+}
+
+var errNoSamples = errors.New("no request completed after warm-up; lengthen the run or the load")
+
+// OracleWeights returns, per pod group, a weight proportional to the group's true capacity at
+// the start of the run: CPU (its limit, or its cores when unlimited) × speed / mean cost. The
+// largest group gets 1000. Speed changes during the run are not followed: the oracle knows the
+// hardware, not the future.
+func OracleWeights(sc *Scenario) map[string]int {
+	capacity := make(map[string]float64, len(sc.Pods))
+	hi := 0.0
+	for _, p := range sc.Pods {
+		cpu := p.CPULimit
+		if cpu == 0 || cpu > p.Cores {
+			cpu = p.Cores
+		}
+		c := cpu * p.Speed / p.Cost.Mean.Seconds()
+		capacity[p.Name] = c
+		hi = math.Max(hi, c)
+	}
+	out := make(map[string]int, len(capacity))
+	for name, c := range capacity {
+		out[name] = max(1, int(math.Round(1000*c/hi)))
+	}
+	return out
+}

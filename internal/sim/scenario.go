@@ -1,0 +1,382 @@
+package sim
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+//go:embed scenarios/*.yaml
+var builtins embed.FS
+
+// DefaultScenario is the scenario `adaptive-lb simulate` runs without --scenario.
+const DefaultScenario = "seed-fib"
+
+// Scenario describes a fleet, its clients, its load and the controller. Field names are a public
+// format: add fields, never rename them.
+type Scenario struct {
+	Name       string     `json:"name"`
+	Duration   Duration   `json:"duration"`
+	Warmup     Duration   `json:"warmup"`
+	Seed       int64      `json:"seed"`
+	Load       Load       `json:"load"`
+	Clients    Clients    `json:"clients"`
+	Controller Controller `json:"controller"`
+	Pods       []PodGroup `json:"pods"`
+}
+
+// Load is the offered request rate.
+type Load struct {
+	RPS     float64 `json:"rps"`
+	Arrival string  `json:"arrival"` // poisson | constant
+	Phases  []Phase `json:"phases,omitempty"`
+}
+
+// Phase changes the offered rate at a simulated time.
+type Phase struct {
+	At  Duration `json:"at"`
+	RPS float64  `json:"rps"`
+}
+
+// Clients are the client sidecars (Envoy proxies) that balance requests over the pods.
+type Clients struct {
+	Proxies           int      `json:"proxies"`
+	Workers           int      `json:"workers"`
+	LB                string   `json:"lb"`
+	ChoiceCount       int      `json:"choice_count"`
+	ActiveRequestBias *float64 `json:"active_request_bias,omitempty"`
+	NetworkLatency    Duration `json:"network_latency"`
+}
+
+// Controller configures the adaptive-lb loop inside the simulation.
+type Controller struct {
+	Interval   Duration `json:"interval"`
+	Window     Duration `json:"window"`
+	ApplyDelay Duration `json:"apply_delay"`
+}
+
+// PodGroup is a set of identical pods.
+type PodGroup struct {
+	Name     string     `json:"name"`
+	Replicas int        `json:"replicas"`
+	Workers  int        `json:"workers"`
+	Cores    float64    `json:"cores,omitempty"`
+	CPULimit float64    `json:"cpu_limit,omitempty"`
+	Speed    float64    `json:"speed,omitempty"`
+	Cost     Cost       `json:"cost"`
+	Events   []PodEvent `json:"events,omitempty"`
+}
+
+// Cost is the CPU time one request needs on hardware of speed 1.
+type Cost struct {
+	Mean Duration `json:"mean"`
+	Dist string   `json:"dist"` // constant | exponential | lognormal
+	CV   float64  `json:"cv,omitempty"`
+}
+
+// PodEvent changes a pod group at a simulated time: its speed (a noisy neighbour) or its
+// replica count (a scale or a rolling restart).
+type PodEvent struct {
+	At       Duration `json:"at"`
+	Speed    *float64 `json:"speed,omitempty"`
+	Replicas *int     `json:"replicas,omitempty"`
+	// Restart replaces every pod of the group one by one, this far apart.
+	Restart *Duration `json:"restart_every,omitempty"`
+}
+
+// Client load-balancing policies, named as in Envoy's configuration.
+const (
+	LBRoundRobin   = "round_robin"
+	LBRandom       = "random"
+	LBLeastRequest = "least_request"
+)
+
+var (
+	lbPolicies    = []string{LBRoundRobin, LBRandom, LBLeastRequest}
+	distributions = []string{"constant", "exponential", "lognormal"}
+	arrivals      = []string{"poisson", "constant"}
+)
+
+// Duration is a time.Duration written as "600s", "2ms" or "1m30s" in scenario files.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"600s\" or \"2ms\", got %s", string(b))
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as \"600s\" or \"2ms\", got %q", s)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes the duration as a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// ScenarioError names the file and the field that is wrong, and what is allowed.
+type ScenarioError struct {
+	File  string
+	Field string
+	Msg   string
+}
+
+func (e *ScenarioError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("scenario %s: %s", e.File, e.Msg)
+	}
+	return fmt.Sprintf("scenario %s: field %s: %s", e.File, e.Field, e.Msg)
+}
+
+// LoadScenarioFile reads and validates a scenario file.
+func LoadScenarioFile(path string) (*Scenario, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &ScenarioError{File: path, Msg: fmt.Sprintf("cannot read it: %v", err)}
+	}
+	return ParseScenario(data, path)
+}
+
+// Builtin returns a scenario embedded in the binary, by name.
+func Builtin(name string) (*Scenario, error) {
+	data, err := builtins.ReadFile("scenarios/" + name + ".yaml")
+	if err != nil {
+		return nil, fmt.Errorf("no built-in scenario %q; built-in scenarios are %v", name, BuiltinNames())
+	}
+	return ParseScenario(data, "builtin:"+name)
+}
+
+// BuiltinNames lists the embedded scenarios.
+func BuiltinNames() []string {
+	entries, _ := builtins.ReadDir("scenarios")
+	var names []string
+	for _, e := range entries {
+		names = append(names, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	return names
+}
+
+// ParseScenario decodes YAML strictly (unknown fields are errors), fills defaults and validates.
+// file names the source in error messages.
+func ParseScenario(data []byte, file string) (*Scenario, error) {
+	var s Scenario
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, &ScenarioError{File: file, Msg: "the file is empty; see docs/simulator.md for the format"}
+	}
+	if err := yaml.UnmarshalStrict(data, &s); err != nil {
+		return nil, &ScenarioError{File: file, Msg: cleanYAMLError(err)}
+	}
+	s.applyDefaults()
+	if err := s.validate(); err != nil {
+		var se *ScenarioError
+		if errors.As(err, &se) {
+			se.File = file
+		}
+		return nil, err
+	}
+	return &s, nil
+}
+
+// cleanYAMLError turns the decoder's wording into something a scenario author can act on.
+func cleanYAMLError(err error) string {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "error unmarshaling JSON: while decoding JSON: ")
+	if i := strings.Index(msg, "unknown field "); i >= 0 {
+		return msg[i:] + "; check the spelling against docs/simulator.md"
+	}
+	return msg
+}
+
+func (s *Scenario) applyDefaults() {
+	if s.Load.Arrival == "" {
+		s.Load.Arrival = "poisson"
+	}
+	if s.Clients.Proxies == 0 {
+		s.Clients.Proxies = 1
+	}
+	if s.Clients.Workers == 0 {
+		s.Clients.Workers = 1
+	}
+	if s.Clients.LB == "" {
+		s.Clients.LB = LBLeastRequest
+	}
+	if s.Clients.ChoiceCount == 0 {
+		s.Clients.ChoiceCount = 2
+	}
+	if s.Clients.ActiveRequestBias == nil {
+		one := 1.0
+		s.Clients.ActiveRequestBias = &one
+	}
+	if s.Controller.Interval.Duration == 0 {
+		s.Controller.Interval.Duration = 30 * time.Second
+	}
+	if s.Controller.Window.Duration == 0 {
+		s.Controller.Window.Duration = 2 * s.Controller.Interval.Duration
+	}
+	for i := range s.Pods {
+		p := &s.Pods[i]
+		if p.Workers == 0 {
+			p.Workers = 1
+		}
+		if p.Cores == 0 {
+			p.Cores = float64(p.Workers)
+		}
+		if p.Speed == 0 {
+			p.Speed = 1
+		}
+		if p.Cost.Dist == "" {
+			p.Cost.Dist = "exponential"
+		}
+	}
+}
+
+func oneOf(v string, allowed []string) bool {
+	for _, a := range allowed {
+		if v == a {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Scenario) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ScenarioError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if s.Name == "" {
+		return bad("name", "must be set")
+	}
+	if s.Duration.Duration <= 0 {
+		return bad("duration", "must be positive, e.g. 600s")
+	}
+	if s.Warmup.Duration < 0 || s.Warmup.Duration >= s.Duration.Duration {
+		return bad("warmup", "%v must be at least 0 and shorter than duration %v", s.Warmup.Duration, s.Duration.Duration)
+	}
+	if s.Load.RPS <= 0 {
+		return bad("load.rps", "%v must be a positive request rate", s.Load.RPS)
+	}
+	if !oneOf(s.Load.Arrival, arrivals) {
+		return bad("load.arrival", "%q is unknown; allowed: %s", s.Load.Arrival, strings.Join(arrivals, ", "))
+	}
+	for i, ph := range s.Load.Phases {
+		if ph.RPS <= 0 {
+			return bad(fmt.Sprintf("load.phases[%d].rps", i), "%v must be a positive request rate", ph.RPS)
+		}
+		if ph.At.Duration < 0 || ph.At.Duration > s.Duration.Duration {
+			return bad(fmt.Sprintf("load.phases[%d].at", i), "%v must lie within the run (0 to %v)", ph.At.Duration, s.Duration.Duration)
+		}
+	}
+	c := s.Clients
+	if c.Proxies < 1 || c.Proxies > 10000 {
+		return bad("clients.proxies", "%d must be between 1 and 10000", c.Proxies)
+	}
+	if c.Workers < 1 || c.Workers > 256 {
+		return bad("clients.workers", "%d must be between 1 and 256", c.Workers)
+	}
+	if !oneOf(c.LB, lbPolicies) {
+		return bad("clients.lb", "%q is unknown; allowed: %s", c.LB, strings.Join(lbPolicies, ", "))
+	}
+	if c.ChoiceCount < 1 {
+		return bad("clients.choice_count", "%d must be at least 1", c.ChoiceCount)
+	}
+	if b := *c.ActiveRequestBias; b < 0 || b > 10 {
+		return bad("clients.active_request_bias", "%v must be between 0 and 10", b)
+	}
+	if c.NetworkLatency.Duration < 0 {
+		return bad("clients.network_latency", "%v must not be negative", c.NetworkLatency.Duration)
+	}
+	ct := s.Controller
+	if ct.Interval.Duration < time.Second {
+		return bad("controller.interval", "%v must be at least 1s", ct.Interval.Duration)
+	}
+	if ct.Window.Duration < time.Second {
+		return bad("controller.window", "%v must be at least 1s", ct.Window.Duration)
+	}
+	if ct.ApplyDelay.Duration < 0 || ct.ApplyDelay.Duration >= ct.Interval.Duration {
+		return bad("controller.apply_delay", "%v must be at least 0 and shorter than the interval %v", ct.ApplyDelay.Duration, ct.Interval.Duration)
+	}
+	if len(s.Pods) == 0 {
+		return bad("pods", "at least one pod group is required")
+	}
+	names := map[string]bool{}
+	for i, p := range s.Pods {
+		f := func(name string) string { return fmt.Sprintf("pods[%d].%s", i, name) }
+		if p.Name == "" {
+			return bad(f("name"), "must be set")
+		}
+		if names[p.Name] {
+			return bad(f("name"), "%q is used by two pod groups; names must be unique", p.Name)
+		}
+		names[p.Name] = true
+		if p.Replicas < 0 || p.Replicas > 10000 {
+			return bad(f("replicas"), "%d must be between 0 and 10000", p.Replicas)
+		}
+		if p.Workers < 1 || p.Workers > 4096 {
+			return bad(f("workers"), "%d must be between 1 and 4096", p.Workers)
+		}
+		if p.Cores <= 0 {
+			return bad(f("cores"), "%v must be positive", p.Cores)
+		}
+		if p.CPULimit < 0 {
+			return bad(f("cpu_limit"), "%v must not be negative (0 means no limit)", p.CPULimit)
+		}
+		if p.Speed <= 0 {
+			return bad(f("speed"), "%v must be positive (1 = reference hardware)", p.Speed)
+		}
+		if p.Cost.Mean.Duration <= 0 {
+			return bad(f("cost.mean"), "%v must be a positive duration such as 2.7ms", p.Cost.Mean.Duration)
+		}
+		if !oneOf(p.Cost.Dist, distributions) {
+			return bad(f("cost.dist"), "%q is unknown; allowed: %s", p.Cost.Dist, strings.Join(distributions, ", "))
+		}
+		if p.Cost.Dist == "lognormal" && p.Cost.CV <= 0 {
+			return bad(f("cost.cv"), "%v must be positive for a lognormal cost", p.Cost.CV)
+		}
+		for j, ev := range p.Events {
+			g := func(name string) string { return fmt.Sprintf("pods[%d].events[%d].%s", i, j, name) }
+			if ev.At.Duration < 0 || ev.At.Duration > s.Duration.Duration {
+				return bad(g("at"), "%v must lie within the run (0 to %v)", ev.At.Duration, s.Duration.Duration)
+			}
+			n := 0
+			if ev.Speed != nil {
+				n++
+				if *ev.Speed <= 0 {
+					return bad(g("speed"), "%v must be positive", *ev.Speed)
+				}
+			}
+			if ev.Replicas != nil {
+				n++
+				if *ev.Replicas < 0 || *ev.Replicas > 10000 {
+					return bad(g("replicas"), "%d must be between 0 and 10000", *ev.Replicas)
+				}
+			}
+			if ev.Restart != nil {
+				n++
+				if ev.Restart.Duration <= 0 {
+					return bad(g("restart_every"), "%v must be positive", ev.Restart.Duration)
+				}
+			}
+			if n != 1 {
+				return bad(fmt.Sprintf("pods[%d].events[%d]", i, j), "set exactly one of speed, replicas or restart_every")
+			}
+		}
+	}
+	total := 0
+	for _, p := range s.Pods {
+		total += p.Replicas
+	}
+	if total == 0 {
+		return bad("pods", "the pod groups have zero replicas in total; at least one pod is required")
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package sim
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const validScenario = `
+name: ok
+duration: 60s
+warmup: 10s
+load: {rps: 100}
+pods:
+  - {name: a, replicas: 2, workers: 2, cost: {mean: 5ms, dist: exponential}}
+`
+
+func TestParseScenario_RejectsBadInputWithFieldAndAllowedValues(t *testing.T) {
+	cases := map[string]struct {
+		yaml      string
+		wantField string
+		wantMsg   string
+	}{
+		"an unknown field is named": {
+			yaml:    strings.Replace(validScenario, "load:", "lod: {rps: 1}\nload:", 1),
+			wantMsg: `unknown field "lod"`,
+		},
+		"negative rps": {
+			yaml:      strings.Replace(validScenario, "rps: 100", "rps: -5", 1),
+			wantField: "load.rps", wantMsg: "-5 must be a positive request rate",
+		},
+		"zero pods": {
+			yaml:      strings.Replace(validScenario, "replicas: 2", "replicas: 0", 1),
+			wantField: "pods", wantMsg: "zero replicas in total",
+		},
+		"no pod groups at all": {
+			yaml:      "name: x\nduration: 60s\nload: {rps: 1}\n",
+			wantField: "pods", wantMsg: "at least one pod group is required",
+		},
+		"duration shorter than warm-up": {
+			yaml:      strings.Replace(validScenario, "warmup: 10s", "warmup: 90s", 1),
+			wantField: "warmup", wantMsg: "shorter than duration 1m0s",
+		},
+		"unknown distribution": {
+			yaml:      strings.Replace(validScenario, "dist: exponential", "dist: pareto", 1),
+			wantField: "pods[0].cost.dist", wantMsg: `"pareto" is unknown; allowed: constant, exponential, lognormal`,
+		},
+		"unknown client policy": {
+			yaml:      validScenario + "clients: {lb: maglev}\n",
+			wantField: "clients.lb", wantMsg: `"maglev" is unknown; allowed: round_robin, random, least_request`,
+		},
+		"a bad duration string": {
+			yaml:    strings.Replace(validScenario, "duration: 60s", "duration: soon", 1),
+			wantMsg: `want a duration such as "600s" or "2ms", got "soon"`,
+		},
+		"an event must set exactly one change": {
+			yaml:      strings.Replace(validScenario, "dist: exponential}}", "dist: exponential}, events: [{at: 5s}]}", 1),
+			wantField: "pods[0].events[0]", wantMsg: "set exactly one of speed, replicas or restart_every",
+		},
+		"lognormal needs a cv": {
+			yaml:      strings.Replace(validScenario, "dist: exponential", "dist: lognormal", 1),
+			wantField: "pods[0].cost.cv", wantMsg: "must be positive for a lognormal cost",
+		},
+		"an empty file": {
+			yaml: "  \n", wantMsg: "the file is empty",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := ParseScenario([]byte(tc.yaml), "bad.yaml")
+			var se *ScenarioError
+			if !errors.As(err, &se) {
+				t.Fatalf("err = %v, want a *ScenarioError", err)
+			}
+			if se.File != "bad.yaml" || se.Field != tc.wantField || !strings.Contains(se.Msg, tc.wantMsg) {
+				t.Fatalf("got file %q field %q msg %q; want file bad.yaml field %q msg containing %q", se.File, se.Field, se.Msg, tc.wantField, tc.wantMsg)
+			}
+			if !strings.HasPrefix(err.Error(), "scenario bad.yaml: ") {
+				t.Fatalf("message %q does not start by naming the file", err.Error())
+			}
+		})
+	}
+}
+
+func TestParseScenario_FillsDefaults(t *testing.T) {
+	sc, err := ParseScenario([]byte(validScenario), "ok.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Clients.LB != LBLeastRequest || sc.Clients.ChoiceCount != 2 || *sc.Clients.ActiveRequestBias != 1 {
+		t.Fatalf("client defaults not Envoy's: %+v", sc.Clients)
+	}
+	if sc.Pods[0].Cores != 2 || sc.Pods[0].Speed != 1 {
+		t.Fatalf("pod defaults: cores %v (want workers = 2), speed %v (want 1)", sc.Pods[0].Cores, sc.Pods[0].Speed)
+	}
+	if sc.Controller.Window.Duration != 2*sc.Controller.Interval.Duration {
+		t.Fatalf("window default %v, want twice the interval", sc.Controller.Window.Duration)
+	}
+}
+
+func TestBuiltin_SeedFibIsThePublishedFleet(t *testing.T) {
+	sc, err := Builtin("seed-fib")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	total := 0
+	for _, p := range sc.Pods {
+		counts[p.Name] = p.Replicas
+		total += p.Replicas
+	}
+	if total != 15 || counts["fib25"] != 3 || counts["fib26"] != 2 || counts["fib27"] != 9 || counts["fib29"] != 1 {
+		t.Fatalf("seed-fib fleet %v, want 3×fib25, 2×fib26, 9×fib27, 1×fib29", counts)
+	}
+	if sc.Load.RPS != 1500 || sc.Clients.LB != LBLeastRequest {
+		t.Fatalf("seed-fib load %v rps on %s, want 1500 on least_request", sc.Load.RPS, sc.Clients.LB)
+	}
+	// Costs grow with φ^n, as fib(n)'s work does.
+	phi := (1 + 2.2360679775) / 2
+	r := sc.Pods[3].Cost.Mean.Seconds() / sc.Pods[0].Cost.Mean.Seconds()
+	if want := phi * phi * phi * phi; r < want*0.99 || r > want*1.01 {
+		t.Fatalf("fib29/fib25 cost ratio %.3f, want φ⁴ = %.3f", r, want)
+	}
+	if _, err := Builtin("nope"); err == nil || !strings.Contains(err.Error(), "built-in scenarios are [seed-fib]") {
+		t.Fatalf("unknown built-in: err = %v", err)
+	}
+}
