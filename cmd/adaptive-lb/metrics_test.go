@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"strings"
 	"testing"
@@ -34,12 +33,6 @@ func loadCheckFleet(t *testing.T, vm *vmtest.Server) time.Time {
 	return now
 }
 
-func runCLI(args ...string) (code int, stdout, stderr string) {
-	var out, errOut bytes.Buffer
-	code = execute(args, &out, &errOut)
-	return code, out.String(), errOut.String()
-}
-
 // squash collapses runs of spaces so table rows can be matched regardless of column widths.
 func squash(s string) string {
 	lines := strings.Split(s, "\n")
@@ -54,7 +47,7 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 	at := loadCheckFleet(t, vm).Format(time.RFC3339)
 
 	t.Run("prints the queries and one row per discovered pod", func(t *testing.T) {
-		code, stdout, stderr := runCLI("metrics", "check", "--url", vm.URL, "--window", "2m", "--interval", "10s", "--at", at)
+		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--window", "2m", "--interval", "10s", "--at", at)
 		if code != exitOK {
 			t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
 		}
@@ -75,21 +68,21 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 	})
 
 	t.Run("--namespace narrows the queries", func(t *testing.T) {
-		code, stdout, _ := runCLI("metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m")
+		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m")
 		if code != exitOK || strings.Contains(stdout, "web-1") || !strings.Contains(stdout, `namespace=~"shop"`) {
 			t.Errorf("exit %d:\n%s", code, stdout)
 		}
 	})
 
 	t.Run("a namespace without series exits 1 with a clear message", func(t *testing.T) {
-		code, _, stderr := runCLI("metrics", "check", "--url", vm.URL, "--namespace", "nothing-here")
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "nothing-here")
 		if code != exitFailure || !strings.Contains(stderr, "returned no pod series for namespace(s) nothing-here") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}
 	})
 
 	t.Run("a rejected query exits 1 and names the problem", func(t *testing.T) {
-		code, _, stderr := runCLI("metrics", "check", "--url", vm.URL, "--query-cpu", "sum(")
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--query-cpu", "sum(")
 		if code != exitFailure || !strings.Contains(stderr, "HTTP 422") || !strings.Contains(stderr, "fix the query template") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}
@@ -97,7 +90,7 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 
 	t.Run("an unreachable TSDB exits 1 and says so", func(t *testing.T) {
 		vm.Stop()
-		code, _, stderr := runCLI("metrics", "check", "--url", vm.URL)
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL)
 		if code != exitFailure || !strings.Contains(stderr, "TSDB unreachable") || !strings.Contains(stderr, "6 of 6 queries failed") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}
@@ -117,7 +110,7 @@ func TestMetricsCheck_BadFlagsExit2(t *testing.T) {
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {
-			code, _, stderr := runCLI(args...)
+			code, _, stderr := runCLI(t, args...)
 			if code != exitUsageError || stderr == "" {
 				t.Errorf("exit %d, stderr %q", code, stderr)
 			}
