@@ -34,4 +34,4 @@ echo "building victoria-metrics $version into $out_dir"
 (cd "$helper_dir" && CGO_ENABLED=0 go build -trimpath -o "$binary.tmp" "$module/app/victoria-metrics")
 mv "$binary.tmp" "$binary"
 echo "$version" >"$stamp"
-"$binary" -version
+echo "built $binary ($version)"

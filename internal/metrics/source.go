@@ -56,8 +56,8 @@ type Request struct {
 	// Interval is the operator's cycle interval: a sample older than 2×Interval at Now is stale.
 	Interval time.Duration
 
-	// DiscoverNamespaces, when Pods is empty, asks the source to report every pod found in the
-	// results for these namespaces (all namespaces if empty) instead of a given pod list.
+	// Discover, with Pods empty, asks the source to report every pod found in the value queries'
+	// results for DiscoverNamespaces (all namespaces if empty) instead of a given pod list.
 	// It serves `adaptive-lb metrics check`, which has no cluster to list pods from.
 	Discover           bool
 	DiscoverNamespaces []string
@@ -71,11 +71,13 @@ type Sample struct {
 	// Timestamp is the time of the newest raw sample behind the value (from the freshness probe),
 	// or the evaluation time when the signal has no freshness probe.
 	Timestamp time.Time
-	// Present is false when the pod has no usable value; Err then says why.
+	// Present is false when the pod has no usable value (no data, NaN/Inf, duplicate series,
+	// failed query).
 	Present bool
 	// Fresh is true when Present and Timestamp is within 2×Interval of Now.
 	Fresh bool
-	Err   error
+	// Err says why the sample is not usable (not Present, or Present but not Fresh).
+	Err error
 }
 
 // Usable reports whether the engine may act on this sample.
