@@ -1,15 +1,295 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
 )
 
-// SCAFFOLD: replaced by the owning work stream before it lands.
 func newMetricsCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "metrics",
-		RunE: func(*cobra.Command, []string) error { return errors.New("metrics: not built yet") },
+		Short: "Inspect the metrics source (the Prometheus-compatible TSDB)",
 	}
+	cmd.AddCommand(newMetricsCheckCmd())
+	return cmd
+}
+
+// metricsSourceFlags binds every connection and query option of the metrics source. The operator's
+// run command can bind the same flags with addMetricsSourceFlags.
+type metricsSourceFlags struct {
+	url, pathPrefix           string
+	timeout                   time.Duration
+	bearerTokenFile           string
+	basicAuthUser, passFile   string
+	tlsCA, tlsCert, tlsKey    string
+	tlsServerName             string
+	tlsInsecureSkipVerify     bool
+	headers                   []string
+	labelNamespace, labelPod  string
+	labelContainer            string
+	queryCPU, queryRPS        string
+	queryErrors, queryLatency string
+}
+
+func addMetricsSourceFlags(fs *pflag.FlagSet) *metricsSourceFlags {
+	f := &metricsSourceFlags{}
+	fs.StringVar(&f.url, "url", "", "base URL of the Prometheus-compatible query API, e.g. http://vmselect.monitoring:8481 (required)")
+	fs.StringVar(&f.pathPrefix, "path-prefix", "", "path before /api/v1/query, e.g. /select/0/prometheus (VictoriaMetrics cluster) or /prometheus (Mimir)")
+	fs.DurationVar(&f.timeout, "timeout", metrics.DefaultTimeout, "timeout of each query")
+	fs.StringVar(&f.bearerTokenFile, "bearer-token-file", "", "file holding a bearer token; re-read when it changes")
+	fs.StringVar(&f.basicAuthUser, "basic-auth-username", "", "basic auth username")
+	fs.StringVar(&f.passFile, "basic-auth-password-file", "", "file holding the basic auth password")
+	fs.StringVar(&f.tlsCA, "tls-ca-file", "", "CA bundle to verify the TSDB's certificate")
+	fs.StringVar(&f.tlsCert, "tls-cert-file", "", "client certificate for mutual TLS")
+	fs.StringVar(&f.tlsKey, "tls-key-file", "", "client key for mutual TLS")
+	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "server name to verify instead of the URL's host")
+	fs.BoolVar(&f.tlsInsecureSkipVerify, "tls-insecure-skip-verify", false, "do not verify the TSDB's certificate (testing only)")
+	fs.StringArrayVar(&f.headers, "header", nil, "extra request header NAME=VALUE, repeatable, e.g. X-Scope-OrgID=team-a")
+	fs.StringVar(&f.labelNamespace, "label-namespace", metrics.DefaultLabels.Namespace, "label holding the pod's namespace")
+	fs.StringVar(&f.labelPod, "label-pod", metrics.DefaultLabels.Pod, "label holding the pod's name")
+	fs.StringVar(&f.labelContainer, "label-container", metrics.DefaultLabels.Container, "label holding the container name (cAdvisor)")
+	fs.StringVar(&f.queryCPU, "query-cpu", "", "Go template replacing the default CPU query (see docs/metrics.md)")
+	fs.StringVar(&f.queryRPS, "query-request-rate", "", "Go template replacing the default request-rate query")
+	fs.StringVar(&f.queryErrors, "query-error-rate", "", "Go template replacing the default error-rate query")
+	fs.StringVar(&f.queryLatency, "query-latency-p99", "", "Go template replacing the default p99 latency query (seconds)")
+	return f
+}
+
+// config turns the flags into a validated metrics.Config; problems are usage errors.
+func (f *metricsSourceFlags) config() (metrics.Config, error) {
+	cfg := metrics.Config{
+		URL:             f.url,
+		PathPrefix:      f.pathPrefix,
+		Timeout:         f.timeout,
+		BearerTokenFile: f.bearerTokenFile,
+		BasicAuth:       metrics.BasicAuth{Username: f.basicAuthUser, PasswordFile: f.passFile},
+		TLS: metrics.TLSConfig{
+			CAFile: f.tlsCA, CertFile: f.tlsCert, KeyFile: f.tlsKey,
+			ServerName: f.tlsServerName, InsecureSkipVerify: f.tlsInsecureSkipVerify,
+		},
+		Labels:  metrics.Labels{Namespace: f.labelNamespace, Pod: f.labelPod, Container: f.labelContainer},
+		Queries: metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
+	}
+	for _, h := range f.headers {
+		name, value, ok := strings.Cut(h, "=")
+		if !ok || strings.TrimSpace(name) == "" {
+			return cfg, newUsageError("--header %q: want NAME=VALUE, e.g. X-Scope-OrgID=team-a", h)
+		}
+		if cfg.Headers == nil {
+			cfg.Headers = map[string]string{}
+		}
+		cfg.Headers[strings.TrimSpace(name)] = value
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err: fmt.Errorf("metrics source flags: %w", err)}
+	}
+	return cfg, nil
+}
+
+type metricsCheckOptions struct {
+	source     *metricsSourceFlags
+	namespaces []string
+	podRegex   string
+	window     time.Duration
+	interval   time.Duration
+	at         string
+	cfg        metrics.Config
+	now        time.Time
+}
+
+func newMetricsCheckCmd() *cobra.Command {
+	o := &metricsCheckOptions{}
+	cmd := &cobra.Command{
+		Use:   "check --url URL [--namespace NS ...]",
+		Short: "Show, per pod, what the operator would read from the TSDB, with the query text",
+		Long: `check sends one cycle of the operator's queries to the TSDB and prints the rendered
+PromQL, then one row per pod found in the results: CPU cores, request rate, error rate, p99
+latency, the age of the newest raw sample and whether the operator would consider it fresh
+(newer than 2 × --interval).
+
+It exits with status 1 when the TSDB is unreachable, rejects a query, or returns no pods, and
+with status 2 on invalid flags.`,
+		Example: `  adaptive-lb metrics check --url http://localhost:8428 --namespace shop
+  adaptive-lb metrics check --url https://mimir.example --path-prefix /prometheus \
+      --header X-Scope-OrgID=team-a --bearer-token-file /var/run/secrets/token`,
+		Args: cobra.NoArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			if o.window <= 0 {
+				return newUsageError("--window %s must be positive", o.window)
+			}
+			if o.interval <= 0 {
+				return newUsageError("--interval %s must be positive", o.interval)
+			}
+			for _, ns := range o.namespaces {
+				if ns == "" {
+					return newUsageError("--namespace must not be empty")
+				}
+			}
+			o.now = time.Now()
+			if o.at != "" {
+				at, err := time.Parse(time.RFC3339, o.at)
+				if err != nil {
+					return newUsageError("--at %q: want an RFC 3339 time such as 2026-01-02T15:04:05Z", o.at)
+				}
+				o.now = at
+			}
+			cfg, err := o.source.config()
+			o.cfg = cfg
+			return err
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runMetricsCheck(cmd.Context(), o, o.now, cmd.OutOrStdout())
+		},
+	}
+	o.source = addMetricsSourceFlags(cmd.Flags())
+	cmd.Flags().StringArrayVar(&o.namespaces, "namespace", nil, "namespace to check, repeatable (default: all)")
+	cmd.Flags().StringVar(&o.podRegex, "pod-regex", "", "only pods whose name matches this regex (PromQL =~ syntax)")
+	cmd.Flags().DurationVar(&o.window, "window", time.Minute, "rate window of the queries")
+	cmd.Flags().StringVar(&o.at, "at", "", "evaluation time, RFC 3339 (default: now); sample ages and freshness are relative to it")
+	cmd.Flags().DurationVar(&o.interval, "interval", 30*time.Second, "operator cycle interval; samples older than twice this are stale")
+	return cmd
+}
+
+func runMetricsCheck(ctx context.Context, o *metricsCheckOptions, now time.Time, out io.Writer) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	src, err := metrics.New(o.cfg, nil)
+	if err != nil {
+		return usageError{err: err}
+	}
+	batch, fetchErr := src.Fetch(ctx, metrics.Request{
+		Now: now, Window: o.window, Interval: o.interval,
+		Discover: true, DiscoverNamespaces: o.namespaces, PodRegex: o.podRegex,
+	})
+	if batch.Queries == nil && fetchErr != nil {
+		return fetchErr
+	}
+	printQueries(out, batch.Queries, now, o)
+	printPods(out, batch.Observations, now)
+
+	if fetchErr != nil && !allNoData(batch.Queries) {
+		return summarizeFailures(o.cfg.URL+o.cfg.PathPrefix, batch.Queries)
+	}
+	if len(batch.Observations) == 0 {
+		scope := "any namespace"
+		if len(o.namespaces) > 0 {
+			scope = "namespace(s) " + strings.Join(o.namespaces, ", ")
+		}
+		return fmt.Errorf("the TSDB at %s returned no pod series for %s: check that cAdvisor and the Istio sidecars are scraped, and the --label-* flags", o.cfg.URL+o.cfg.PathPrefix, scope)
+	}
+	return nil
+}
+
+// summarizeFailures keeps the error short (the per-query details are printed above it) while
+// wrapping the first real failure so its kind stays visible to errors.Is.
+func summarizeFailures(address string, queries []metrics.Query) error {
+	var first error
+	failed := 0
+	for _, q := range queries {
+		if q.Err != nil && !errors.Is(q.Err, metrics.ErrNoData) {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("%s query: %w", q.Name, q.Err)
+			}
+		}
+	}
+	return fmt.Errorf("querying %s: %d of %d queries failed; first: %w", address, failed, len(queries), first)
+}
+
+// allNoData reports whether every failed query merely matched nothing.
+func allNoData(queries []metrics.Query) bool {
+	for _, q := range queries {
+		if q.Err != nil && !errors.Is(q.Err, metrics.ErrNoData) {
+			return false
+		}
+	}
+	return true
+}
+
+func printQueries(out io.Writer, queries []metrics.Query, now time.Time, o *metricsCheckOptions) {
+	fmt.Fprintf(out, "Queries (evaluated at %s, window %s, stale after %s):\n", now.UTC().Format(time.RFC3339), o.window, 2*o.interval)
+	for _, q := range queries {
+		signals := make([]string, len(q.Signals))
+		for i, s := range q.Signals {
+			signals[i] = string(s)
+		}
+		status := fmt.Sprintf("%d series", q.Series)
+		if q.Err != nil {
+			status = "FAILED: " + q.Err.Error()
+		}
+		fmt.Fprintf(out, "  %-11s [%s] %s\n    %s\n", q.Name, strings.Join(signals, ","), status, q.Text)
+		for _, w := range q.Warnings {
+			fmt.Fprintf(out, "    warning: %s\n", w)
+		}
+	}
+	fmt.Fprintln(out)
+}
+
+func printPods(out io.Writer, observations []metrics.Observation, now time.Time) {
+	fmt.Fprintf(out, "Pods (%d):\n", len(observations))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tPOD\tCPU CORES\tREQ/S\tERR/S\tP99\tSAMPLE AGE\tSTATUS")
+	var problems []string
+	for _, obs := range observations {
+		var oldest time.Duration
+		var stale, missing []string
+		for _, signal := range metrics.Signals {
+			s := obs.Sample(signal)
+			switch {
+			case !s.Present:
+				missing = append(missing, string(signal))
+			case !s.Fresh:
+				stale = append(stale, string(signal))
+			}
+			if s.Present && !s.Timestamp.IsZero() {
+				oldest = max(oldest, now.Sub(s.Timestamp))
+			}
+			if s.Err != nil {
+				problems = append(problems, fmt.Sprintf("  %s/%s %s: %v", obs.Namespace, obs.Name, signal, s.Err))
+			}
+		}
+		status := "fresh"
+		switch {
+		case len(stale) > 0:
+			status = "stale: " + strings.Join(stale, ",")
+		case len(missing) == len(metrics.Signals):
+			status = "no metrics"
+		}
+		if len(missing) > 0 && len(missing) < len(metrics.Signals) {
+			status += "; missing: " + strings.Join(missing, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", obs.Namespace, obs.Name,
+			formatValue(obs.CPUCores, "%.3f"), formatValue(obs.RequestRate, "%.2f"), formatValue(obs.ErrorRate, "%.2f"),
+			formatLatency(obs.LatencyP99Seconds), oldest.Round(time.Second), status)
+	}
+	_ = tw.Flush()
+	if len(problems) > 0 {
+		fmt.Fprintf(out, "\nProblems (the operator treats these signals as missing):\n%s\n", strings.Join(problems, "\n"))
+	}
+}
+
+func formatValue(s metrics.Sample, format string) string {
+	if !s.Present {
+		return "-"
+	}
+	return fmt.Sprintf(format, s.Value)
+}
+
+func formatLatency(s metrics.Sample) string {
+	if !s.Present || math.IsNaN(s.Value) {
+		return "-"
+	}
+	return (time.Duration(s.Value * float64(time.Second))).Round(100 * time.Microsecond).String()
 }

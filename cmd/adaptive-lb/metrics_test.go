@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
+)
+
+// loadCheckFleet imports two fresh pods and one stale pod (see internal/metrics for the same
+// arithmetic): api-1 0.75 cores, 100 rps, 2 err/s, p99 95 ms; web-1 last scraped 60 s ago (the last 15 s step before now-50s).
+func loadCheckFleet(t *testing.T, vm *vmtest.Server) time.Time {
+	t.Helper()
+	now := time.Now().Truncate(time.Second)
+	from, step := now.Add(-5*time.Minute), 15*time.Second
+	var b strings.Builder
+	add := func(labels string, rate float64, end time.Time) {
+		b.WriteString(vmtest.Counter(labels, rate, from, end, step))
+	}
+	add(`container_cpu_usage_seconds_total{namespace="shop",pod="api-1",container="app"}`, 0.5, now)
+	add(`container_cpu_usage_seconds_total{namespace="shop",pod="api-1",container="worker"}`, 0.25, now)
+	add(`container_cpu_usage_seconds_total{namespace="shop",pod="api-1",container="istio-proxy"}`, 5, now)
+	add(`istio_requests_total{reporter="destination",namespace="shop",pod="api-1",response_code="200"}`, 98, now)
+	add(`istio_requests_total{reporter="destination",namespace="shop",pod="api-1",response_code="503"}`, 2, now)
+	for le, rate := range map[string]float64{"10": 50, "50": 90, "100": 100, "+Inf": 100} {
+		add(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace="shop",pod="api-1",le=%q}`, le), rate, now)
+	}
+	add(`container_cpu_usage_seconds_total{namespace="pay",pod="web-1",container="app"}`, 0.2, now.Add(-50*time.Second))
+	add(`istio_requests_total{reporter="destination",namespace="pay",pod="web-1",response_code="200"}`, 10, now.Add(-50*time.Second))
+	vm.ImportText(t, b.String())
+	return now
+}
+
+// squash collapses runs of spaces so table rows can be matched regardless of column widths.
+func squash(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.Join(strings.Fields(l), " ")
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
+	vm := vmtest.Start(t)
+	at := loadCheckFleet(t, vm).Format(time.RFC3339)
+
+	t.Run("prints the queries and one row per discovered pod", func(t *testing.T) {
+		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--window", "2m", "--interval", "10s", "--at", at)
+		if code != exitOK {
+			t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
+		}
+		out := squash(stdout)
+		for _, want := range []string{
+			`sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{namespace=~".+", pod=~".+", container!="", container!="POD", container!="istio-proxy"}[2m]))`,
+			"stale after 20s",
+			"shop api-1 0.750 100.00 2.00 95ms",
+			"pay web-1 0.200 10.00 0.00 - 1m0s stale: cpu,requestRate,errorRate; missing: latencyP99",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q:\n%s", want, stdout)
+			}
+		}
+		if !strings.Contains(out, "shop api-1 0.750 100.00 2.00 95ms 0s fresh\n") {
+			t.Errorf("api-1 must be fresh:\n%s", stdout)
+		}
+	})
+
+	t.Run("--namespace narrows the queries", func(t *testing.T) {
+		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m")
+		if code != exitOK || strings.Contains(stdout, "web-1") || !strings.Contains(stdout, `namespace=~"shop"`) {
+			t.Errorf("exit %d:\n%s", code, stdout)
+		}
+	})
+
+	t.Run("a namespace without series exits 1 with a clear message", func(t *testing.T) {
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "nothing-here")
+		if code != exitFailure || !strings.Contains(stderr, "returned no pod series for namespace(s) nothing-here") {
+			t.Errorf("exit %d, stderr %s", code, stderr)
+		}
+	})
+
+	t.Run("a rejected query exits 1 and names the problem", func(t *testing.T) {
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--query-cpu", "sum(")
+		if code != exitFailure || !strings.Contains(stderr, "HTTP 422") || !strings.Contains(stderr, "fix the query template") {
+			t.Errorf("exit %d, stderr %s", code, stderr)
+		}
+	})
+
+	t.Run("an unreachable TSDB exits 1 and says so", func(t *testing.T) {
+		vm.Stop()
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL)
+		if code != exitFailure || !strings.Contains(stderr, "TSDB unreachable") || !strings.Contains(stderr, "6 of 6 queries failed") {
+			t.Errorf("exit %d, stderr %s", code, stderr)
+		}
+	})
+}
+
+func TestMetricsCheck_BadFlagsExit2(t *testing.T) {
+	cases := map[string][]string{
+		"missing url":           {"metrics", "check"},
+		"url without a scheme":  {"metrics", "check", "--url", "localhost:8428"},
+		"header without value":  {"metrics", "check", "--url", "http://x", "--header", "X-Scope-OrgID"},
+		"zero window":           {"metrics", "check", "--url", "http://x", "--window", "0s"},
+		"broken query template": {"metrics", "check", "--url", "http://x", "--query-cpu", "{{.Window"},
+		"cert without key":      {"metrics", "check", "--url", "http://x", "--tls-cert-file", "c.pem"},
+		"unparsable --at":       {"metrics", "check", "--url", "http://x", "--at", "yesterday"},
+		"unknown flag":          {"metrics", "check", "--url", "http://x", "--nope"},
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, args...)
+			if code != exitUsageError || stderr == "" {
+				t.Errorf("exit %d, stderr %q", code, stderr)
+			}
+		})
+	}
+}

@@ -1,0 +1,208 @@
+package metrics
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// DefaultTimeout bounds each query when Config.Timeout is zero.
+const DefaultTimeout = 10 * time.Second
+
+// Config describes how to reach the TSDB and which queries to send.
+type Config struct {
+	// URL is the TSDB's base URL, e.g. http://vmselect:8481 or https://prometheus.example:9090.
+	URL string
+	// PathPrefix is prepended to /api/v1/query, e.g. /select/0/prometheus for VictoriaMetrics
+	// cluster or /prometheus for Mimir. It may also be part of URL.
+	PathPrefix string
+	// Timeout bounds each query (client side, and sent to the server as the query timeout).
+	Timeout time.Duration
+
+	// BearerTokenFile is read before the first request and re-read whenever its size or mtime
+	// changes, so rotated service-account or vault tokens are picked up.
+	BearerTokenFile string
+	// BasicAuth is used when Username is set. Exclusive with BearerTokenFile.
+	BasicAuth BasicAuth
+	TLS       TLSConfig
+	// Headers are added to every request, e.g. X-Scope-OrgID for Mimir/Cortex tenants.
+	Headers map[string]string
+
+	// Queries overrides the built-in value queries per signal (cluster level).
+	Queries QueryTemplates
+	// FreshnessQueries overrides the built-in freshness probes per signal.
+	FreshnessQueries QueryTemplates
+	// Labels overrides the label names that identify pods.
+	Labels Labels
+}
+
+// BasicAuth holds HTTP basic-auth credentials; PasswordFile wins over Password.
+type BasicAuth struct {
+	Username     string
+	Password     string
+	PasswordFile string
+}
+
+// TLSConfig configures the client side of TLS.
+type TLSConfig struct {
+	CAFile             string
+	CertFile           string
+	KeyFile            string
+	ServerName         string
+	InsecureSkipVerify bool
+}
+
+// Validate checks the configuration as a whole and reports every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("url is required, e.g. http://vmselect.monitoring:8481"))
+	} else if u, err := url.Parse(c.URL); err != nil {
+		errs = append(errs, fmt.Errorf("url %q: %w", c.URL, err))
+	} else if u.Scheme != "http" && u.Scheme != "https" {
+		errs = append(errs, fmt.Errorf("url %q: scheme must be http or https", c.URL))
+	} else if u.Host == "" {
+		errs = append(errs, fmt.Errorf("url %q: host is missing", c.URL))
+	}
+	if c.PathPrefix != "" && !strings.HasPrefix(c.PathPrefix, "/") {
+		errs = append(errs, fmt.Errorf("path prefix %q must start with /", c.PathPrefix))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("timeout %s must not be negative", c.Timeout))
+	}
+	if c.BearerTokenFile != "" && c.BasicAuth.Username != "" {
+		errs = append(errs, errors.New("bearer token file and basic auth are mutually exclusive: set one"))
+	}
+	if c.BasicAuth.Username == "" && (c.BasicAuth.Password != "" || c.BasicAuth.PasswordFile != "") {
+		errs = append(errs, errors.New("basic auth password given without a username"))
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		errs = append(errs, errors.New("TLS client certificate and key must be given together"))
+	}
+	for name := range c.Headers {
+		if name == "" || strings.ContainsAny(name, " :\r\n") {
+			errs = append(errs, fmt.Errorf("header name %q is not a valid HTTP header name", name))
+		}
+		if strings.EqualFold(name, "Authorization") {
+			errs = append(errs, errors.New("set the Authorization header through the bearer token file or basic auth, not as an extra header"))
+		}
+	}
+	for _, set := range []struct {
+		kind string
+		q    QueryTemplates
+	}{{"query", c.Queries}, {"freshness query", c.FreshnessQueries}} {
+		for _, s := range Signals {
+			if text := set.q.For(s); text != "" {
+				if err := ValidateTemplate(string(s), text); err != nil {
+					errs = append(errs, fmt.Errorf("%s for %s: %w", set.kind, s, err))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) timeout() time.Duration {
+	if c.Timeout == 0 {
+		return DefaultTimeout
+	}
+	return c.Timeout
+}
+
+// address joins URL and PathPrefix.
+func (c Config) address() string {
+	return strings.TrimRight(c.URL, "/") + strings.TrimRight(c.PathPrefix, "/")
+}
+
+// roundTripper builds the transport chain: TLS at the bottom, then auth, then extra headers.
+func (c Config) roundTripper() (http.RoundTripper, error) {
+	tlsConfig, err := c.TLS.build()
+	if err != nil {
+		return nil, err
+	}
+	var rt http.RoundTripper = &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tlsConfig,
+		TLSHandshakeTimeout:   5 * time.Second,
+		MaxIdleConnsPerHost:   8,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: c.timeout(),
+	}
+	switch {
+	case c.BearerTokenFile != "":
+		rt = NewBearerTokenFileRoundTripper(c.BearerTokenFile, rt)
+	case c.BasicAuth.Username != "":
+		rt = &basicAuthRoundTripper{auth: c.BasicAuth, next: rt}
+	}
+	if len(c.Headers) > 0 {
+		rt = &headerRoundTripper{headers: c.Headers, next: rt}
+	}
+	return rt, nil
+}
+
+func (t TLSConfig) build() (*tls.Config, error) {
+	cfg := &tls.Config{
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // explicit user opt-in for test setups
+		MinVersion:         tls.VersionTLS12,
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading TLS CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("TLS CA file %s holds no PEM certificate", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("loading TLS client certificate %s / key %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+type headerRoundTripper struct {
+	headers map[string]string
+	next    http.RoundTripper
+}
+
+func (h *headerRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	for k, v := range h.headers {
+		req.Header.Set(k, v)
+	}
+	return h.next.RoundTrip(req)
+}
+
+type basicAuthRoundTripper struct {
+	auth BasicAuth
+	next http.RoundTripper
+}
+
+func (b *basicAuthRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	password := b.auth.Password
+	if b.auth.PasswordFile != "" {
+		data, err := os.ReadFile(b.auth.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading basic auth password file: %w", err)
+		}
+		password = strings.TrimSpace(string(data))
+	}
+	req = req.Clone(req.Context())
+	req.SetBasicAuth(b.auth.Username, password)
+	return b.next.RoundTrip(req)
+}
