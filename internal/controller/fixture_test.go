@@ -122,7 +122,9 @@ type sliceEndpoint struct {
 	ready, serving, terminating bool
 }
 
-func ready(pod, ip string) sliceEndpoint { return sliceEndpoint{pod: pod, ip: ip, ready: true, serving: true} }
+func ready(pod, ip string) sliceEndpoint {
+	return sliceEndpoint{pod: pod, ip: ip, ready: true, serving: true}
+}
 
 // slice creates or replaces an EndpointSlice of a Service, as the endpointslice controller would.
 func (f *fixture) slice(service, name string, eps ...sliceEndpoint) {

@@ -34,7 +34,7 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"k of zero": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.CPUDistance = &adlbv1.CPUDistanceParameters{K: dec("0")}
 		}, "k must be in (0, 1]"},
-		"missing target": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "" }, "spec.targetRef.name"},
+		"missing target":      {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "" }, "spec.targetRef.name"},
 		"invalid target name": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "Web_Server" }, "spec.targetRef.name: Invalid value"},
 	}
 	for name, tc := range cases {

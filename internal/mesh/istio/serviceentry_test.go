@@ -87,7 +87,7 @@ func TestBuild_DropsEndpointsThatMustGetNoNewTraffic(t *testing.T) {
 		"conditions unset mean ready": {endpoint("web-a", "10.0.0.1", "z", func(e *discoveryv1.Endpoint) {
 			e.Conditions = discoveryv1.EndpointConditions{}
 		}), true},
-		"no pod reference": {endpoint("web-a", "10.0.0.1", "z", func(e *discoveryv1.Endpoint) { e.TargetRef = nil }), false},
+		"no pod reference":  {endpoint("web-a", "10.0.0.1", "z", func(e *discoveryv1.Endpoint) { e.TargetRef = nil }), false},
 		"pod not known yet": {endpoint("web-x", "10.0.0.9", "z"), false},
 	}
 	for name, tc := range cases {
