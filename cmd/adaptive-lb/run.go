@@ -71,9 +71,10 @@ func newRunCmd() *cobra.Command {
 	f.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader retries renewing before it steps down")
 	f.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates try to acquire the lease")
 	f.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, used in ServiceEntry hosts")
-	f.IntVar(&o.workers, "workers", 4, "concurrent reconciles")
-	f.Float32Var(&o.qps, "kube-api-qps", 50, "client-side rate limit toward the API server (requests per second)")
-	f.IntVar(&o.burst, "kube-api-burst", 100, "client-side burst toward the API server")
+	f.IntVar(&o.workers, "workers", 8, "concurrent reconciles")
+	// Sized for 200 endpoint changes per second: each costs a ServiceEntry update and a status patch.
+	f.Float32Var(&o.qps, "kube-api-qps", 200, "client-side rate limit toward the API server (requests per second)")
+	f.IntVar(&o.burst, "kube-api-burst", 400, "client-side burst toward the API server")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	return cmd
 }

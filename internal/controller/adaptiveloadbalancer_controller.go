@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -22,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -65,7 +65,11 @@ type AdaptiveLoadBalancerReconciler struct {
 	// ClusterDomain is the cluster's DNS domain (cluster.local by default).
 	ClusterDomain string
 
-	propagation *propagationTracker
+	propagation     *propagationTracker
+	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
+	ownWrites       sync.Map // ServiceEntry key → resourceVersion of the operator's last write
+	// observePropagation, when set (benchmarks), also receives every propagation delay exactly.
+	observePropagation func(time.Duration)
 }
 
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers,verbs=get;list;watch
@@ -99,15 +103,25 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 		outcome = mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: err.Error(), keepEndpoints: true}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
 	} else if tracked {
-		r.Metrics.EndpointPropagation.Observe(r.Clock.Since(eventAt).Seconds())
+		d := r.Clock.Since(eventAt)
+		r.Metrics.EndpointPropagation.Observe(d.Seconds())
+		if r.observePropagation != nil {
+			r.observePropagation(d)
+		}
 	}
-	if statusErr := r.writeStatus(ctx, alb, outcome); statusErr != nil {
+	later, statusErr := r.writeStatus(ctx, alb, outcome)
+	if statusErr != nil {
 		r.Metrics.ReconcileErrors.WithLabelValues("status").Inc()
 		return ctrl.Result{}, errors.Join(err, statusErr)
 	}
 	// Returning the error requeues with controller-runtime's exponential back-off.
-	return ctrl.Result{}, err
+	return ctrl.Result{RequeueAfter: later}, err
 }
+
+// statusEndpointInterval spaces status writes that only refresh the endpoint list. Under endpoint
+// churn the ServiceEntry is written at once while the status, which nothing routes by, follows
+// at most once per interval, keeping the API server free for the latency-critical writes.
+const statusEndpointInterval = 10 * time.Second
 
 // mirrorOutcome is what the mirror did, for the status.
 type mirrorOutcome struct {
@@ -338,6 +352,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		if err := r.Create(ctx, se); err != nil {
 			return fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
+		r.ownWrites.Store(client.ObjectKeyFromObject(se), se.ResourceVersion)
 		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
 		return nil
@@ -345,33 +360,24 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	if proto.Equal(&existing.Spec, spec) && existing.Labels[ManagedByLabel] == ManagedByValue {
 		return nil
 	}
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		current := &networkingv1.ServiceEntry{}
-		if err := r.Get(ctx, client.ObjectKeyFromObject(existing), current); err != nil {
-			return err
-		}
-		if !metav1.IsControlledBy(current, alb) {
-			return fmt.Errorf("ServiceEntry %s/%s changed owner during the update; not overwriting it", current.Namespace, current.Name)
-		}
-		if proto.Equal(&current.Spec, spec) && current.Labels[ManagedByLabel] == ManagedByValue {
-			return nil
-		}
-		current.Spec.Reset()
-		proto.Merge(&current.Spec, spec)
-		if current.Labels == nil {
-			current.Labels = map[string]string{}
-		}
-		current.Labels[ManagedByLabel] = ManagedByValue
-		current.Labels[ServiceEntryOwnerLabel] = alb.Name
-		if err := r.Update(ctx, current); err != nil {
-			return err
-		}
-		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+	// A merge patch of the spec needs no resourceVersion: the informer cache often lags our own
+	// previous write under endpoint churn, and an optimistic update would then cost a conflict
+	// and a retry on the latency-critical path. Writes to one ServiceEntry are already serialised
+	// (one reconcile per key at a time, one leader), so nothing is lost.
+	base := existing.DeepCopy()
+	updated := existing.DeepCopy()
+	updated.Spec.Reset()
+	proto.Merge(&updated.Spec, spec)
+	if updated.Labels == nil {
+		updated.Labels = map[string]string{}
 	}
+	updated.Labels[ManagedByLabel] = ManagedByValue
+	updated.Labels[ServiceEntryOwnerLabel] = alb.Name
+	if err := r.Patch(ctx, updated, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("patch ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+	}
+	r.ownWrites.Store(client.ObjectKeyFromObject(updated), updated.ResourceVersion)
+	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 	return nil
 }
 
@@ -394,8 +400,10 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 	return nil
 }
 
-// writeStatus computes the conditions and endpoint list and writes status once, only if it changed.
-func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) error {
+// writeStatus computes the conditions and endpoint list and writes status once, only if it
+// changed. A change of the endpoint list alone is written at most once per
+// statusEndpointInterval; it then returns how long to wait before the deferred write.
+func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) (time.Duration, error) {
 	now := metav1.NewTime(r.Clock.Now())
 	status := alb.Status.DeepCopy()
 	gen := alb.Generation
@@ -423,17 +431,35 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now)
 	}
 	if apiequality.Semantic.DeepEqual(&alb.Status, status) {
-		return nil
+		return 0, nil
+	}
+	key := client.ObjectKeyFromObject(alb)
+	if endpointsOnly(&alb.Status, status) {
+		if last, ok := r.lastStatusWrite.Load(key); ok {
+			if wait := statusEndpointInterval - r.Clock.Since(last.(time.Time)); wait > 0 {
+				return wait, nil
+			}
+		}
 	}
 	patchBase := alb.DeepCopy()
 	alb.Status = *status
 	if err := r.Status().Patch(ctx, alb, client.MergeFrom(patchBase)); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil
+			return 0, nil
 		}
-		return fmt.Errorf("update status of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+		return 0, fmt.Errorf("update status of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
 	}
-	return nil
+	r.lastStatusWrite.Store(key, r.Clock.Now())
+	return 0, nil
+}
+
+// endpointsOnly reports whether two statuses differ only in the mirrored endpoint list.
+func endpointsOnly(old, updated *adlbv1.AdaptiveLoadBalancerStatus) bool {
+	a, b := old.DeepCopy(), updated.DeepCopy()
+	for _, s := range []*adlbv1.AdaptiveLoadBalancerStatus{a, b} {
+		s.Endpoints, s.EndpointCount, s.EndpointsTruncated = nil, 0, false
+	}
+	return apiequality.Semantic.DeepEqual(a, b)
 }
 
 // endpointStatus lists the mirrored endpoints, keeping each one's LastChange while its weight holds.

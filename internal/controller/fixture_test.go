@@ -27,12 +27,12 @@ var nsCounter atomic.Int64
 
 // fixture is one test's namespace on the shared API server.
 type fixture struct {
-	t   *testing.T
+	t   testing.TB
 	ctx context.Context
 	ns  string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	requireEnv(t)
 	ns := fmt.Sprintf("t%d-%s", nsCounter.Add(1), strings.ToLower(strings.ReplaceAll(t.Name(), "_", "-")))

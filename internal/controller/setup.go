@@ -59,7 +59,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Owns(&networkingv1.ServiceEntry{}).
+		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
@@ -193,6 +193,22 @@ func topologyChanged() predicate.Predicate {
 				}
 			}
 			return false
+		},
+	}
+}
+
+// notOwnWrite drops the watch event of the operator's own last ServiceEntry write: reconciling it
+// would find nothing to do and only take a worker from the next endpoint change. Anyone else's
+// edit has another resourceVersion and is reconciled (and reverted).
+func (r *AdaptiveLoadBalancerReconciler) notOwnWrite() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.ObjectNew))
+			return !ok || rv.(string) != e.ObjectNew.GetResourceVersion()
+		},
+		CreateFunc: func(e event.CreateEvent) bool {
+			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.Object))
+			return !ok || rv.(string) != e.Object.GetResourceVersion()
 		},
 	}
 }

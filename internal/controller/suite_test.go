@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,6 +36,9 @@ var (
 	testMetrics  *Metrics
 	seWrites     atomic.Int64 // ServiceEntry writes the operator sent to the API server
 	envSkipCause string
+	testConfig   *rest.Config
+	// propagationSamples collects exact propagation delays while a benchmark records them.
+	propagationSamples = &delayRecorder{}
 )
 
 // seWriteCounter counts the operator's create/update/patch/delete calls on ServiceEntries at the
@@ -46,6 +50,33 @@ func (c seWriteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 		seWrites.Add(1)
 	}
 	return c.next.RoundTrip(req)
+}
+
+type delayRecorder struct {
+	mu      sync.Mutex
+	on      bool
+	samples []time.Duration
+}
+
+func (d *delayRecorder) add(v time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.on {
+		d.samples = append(d.samples, v)
+	}
+}
+
+func (d *delayRecorder) start() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.on, d.samples = true, nil
+}
+
+func (d *delayRecorder) stop() []time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.on = false
+	return d.samples
 }
 
 // IstioCRDPath is Istio's CRD bundle inside the istio.io/api module, pinned by go.mod.
@@ -90,6 +121,8 @@ func runSuite(m *testing.M) int {
 	}
 	defer func() { _ = env.Stop() }()
 
+	cfg.QPS, cfg.Burst = 1000, 2000 // the tests' own client must not be the bottleneck
+	testConfig = cfg
 	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -107,6 +140,7 @@ func runSuite(m *testing.M) int {
 func startOperator(ctx context.Context, cfg *rest.Config) error {
 	opCfg := rest.CopyConfig(cfg)
 	opCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return seWriteCounter{next: rt} }
+	opCfg.QPS, opCfg.Burst = 200, 400 // the run command's defaults
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -123,7 +157,8 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Metrics:       testMetrics,
 		ClusterDomain: "cluster.local",
 	}
-	if err := r.SetupWithManager(ctx, mgr, 4); err != nil {
+	r.observePropagation = propagationSamples.add
+	if err := r.SetupWithManager(ctx, mgr, 8); err != nil {
 		return fmt.Errorf("set up reconciler: %w", err)
 	}
 	go func() {
@@ -147,7 +182,7 @@ func zapLevel() zapLevelT {
 }
 
 // requireEnv skips a test when the real API server is not available; under CI that is a failure.
-func requireEnv(t *testing.T) {
+func requireEnv(t testing.TB) {
 	t.Helper()
 	if envSkipCause == "" {
 		return
