@@ -17,14 +17,18 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 )
 
 // runOptions are the operator's flags; defaults are documented in docs/operations.md.
@@ -44,6 +48,11 @@ type runOptions struct {
 	qps                     float32
 	burst                   int
 	logLevel                string
+	cycleTick               time.Duration
+	writeBudget             int
+	holdIntervals           int
+	source                  *metricsSourceFlags
+	sourceConfig            metrics.Config
 }
 
 func newRunCmd() *cobra.Command {
@@ -76,6 +85,10 @@ func newRunCmd() *cobra.Command {
 	f.Float32Var(&o.qps, "kube-api-qps", 200, "client-side rate limit toward the API server (requests per second)")
 	f.IntVar(&o.burst, "kube-api-burst", 400, "client-side burst toward the API server")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
+	f.DurationVar(&o.cycleTick, "cycle-tick", 5*time.Second, "the weight cycle's tick; each AdaptiveLoadBalancer's interval is rounded up to a multiple of it")
+	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
+	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
+	o.source = addMetricsSourceFlags(f, "tsdb-")
 	return cmd
 }
 
@@ -91,6 +104,16 @@ func (o *runOptions) validate() error {
 	}
 	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
 		return newUsageError("leader election needs lease duration > renew deadline > retry period > 0 (got %v, %v, %v)", o.leaseDuration, o.renewDeadline, o.retryPeriod)
+	}
+	if o.cycleTick < time.Second || o.writeBudget < 0 || o.holdIntervals < 1 {
+		return newUsageError("--cycle-tick must be at least 1s, --write-budget at least 0 and --hold-intervals at least 1")
+	}
+	if o.source.url != "" {
+		cfg, err := o.source.config()
+		if err != nil {
+			return err
+		}
+		o.sourceConfig = cfg
 	}
 	switch o.logLevel {
 	case "debug", "info", "error":
@@ -176,6 +199,22 @@ func (o *runOptions) run(ctx context.Context) error {
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)
+	}
+	if o.source.url == "" {
+		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
+	} else {
+		src, err := metrics.New(o.sourceConfig, ctrlmetrics.Registry)
+		if err != nil {
+			return err
+		}
+		loop := &controller.WeightCycle{
+			Client: mgr.GetClient(), Source: src, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
+			Clock: clock.RealClock{}, Metrics: r.Metrics, Cycle: controller.NewCycleMetrics(ctrlmetrics.Registry),
+			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
+		}
+		if err := mgr.Add(loop); err != nil {
+			return fmt.Errorf("add the weight cycle: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

@@ -96,7 +96,7 @@ func (f *fixture) service(name string, opts ...func(*corev1.Service)) *corev1.Se
 }
 
 // pod creates a running, ready pod with an Istio sidecar on node-a (zone eu-west-1a).
-func (f *fixture) pod(app, name, ip string) *corev1.Pod {
+func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	f.t.Helper()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns,
@@ -107,6 +107,9 @@ func (f *fixture) pod(app, name, ip string) *corev1.Pod {
 			ServiceAccountName: app + "-sa",
 			Containers:         []corev1.Container{{Name: "app", Image: "app"}, {Name: "istio-proxy", Image: "proxy"}},
 		},
+	}
+	for _, o := range opts {
+		o(p)
 	}
 	f.create(p)
 	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},

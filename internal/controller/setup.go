@@ -27,12 +27,25 @@ import (
 const (
 	indexTargetName   = "spec.targetRef.name"
 	indexSliceService = "metadata.labels.service-name"
+	indexPodIP        = "status.podIP"
 )
 
 // SetupIndexes registers the cache indexes the reconciler queries.
 func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &adlbv1.AdaptiveLoadBalancer{}, indexTargetName, func(o client.Object) []string {
 		return []string{o.(*adlbv1.AdaptiveLoadBalancer).Spec.TargetRef.Name}
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, indexPodIP, func(o client.Object) []string {
+		var ips []string
+		for _, ip := range o.(*corev1.Pod).Status.PodIPs {
+			ips = append(ips, ip.IP)
+		}
+		if len(ips) == 0 && o.(*corev1.Pod).Status.PodIP != "" {
+			ips = append(ips, o.(*corev1.Pod).Status.PodIP)
+		}
+		return ips
 	}); err != nil {
 		return err
 	}

@@ -37,6 +37,8 @@ var (
 	seWrites     atomic.Int64 // ServiceEntry writes the operator sent to the API server
 	envSkipCause string
 	testConfig   *rest.Config
+	// operatorClient is the manager's cached client, with the operator's indexes.
+	operatorClient client.Client
 	// propagationSamples collects exact propagation delays while a benchmark records them.
 	propagationSamples = &delayRecorder{}
 )
@@ -150,6 +152,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 	testMetrics = NewMetrics(prometheus.NewRegistry())
+	operatorClient = mgr.GetClient()
 	r := &AdaptiveLoadBalancerReconciler{
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
