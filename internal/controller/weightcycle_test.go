@@ -68,10 +68,13 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode) *loopFixture {
 		lf.ips = append(lf.ips, ip)
 	}
 	f.slice("web", "web-x", eps...)
-	f.alb("web", "web", func(a *adlbv1.AdaptiveLoadBalancer) {
+	alb := f.alb("web", "web", func(a *adlbv1.AdaptiveLoadBalancer) {
 		a.Spec.Mode = mode
 		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
 	})
+	// Weight cycles see every AdaptiveLoadBalancer of the cluster: leave none behind whose
+	// adapted weights a later test's cycle would reset.
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), alb) })
 	f.waitForAddresses("web", lf.ips...)
 	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 	src, err := metrics.New(metrics.Config{URL: lf.vm.URL}, prometheus.NewRegistry())
@@ -175,6 +178,7 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 		t.Fatal(err)
 	}
 	got := lf.weights()
+	t.Logf("cycle 0: weights %v, %d write, %d estimated istiod push", orderedWeights(lf.ips, got), lf.wrote(rep), rep.Pushes)
 	for _, r := range want.Endpoints {
 		if math.Abs(float64(got[r.ID]-r.Weight)) > 0.1*float64(r.Weight) {
 			t.Fatalf("weight of %s is %d, the engine computes %d from the same input (all %v)", r.ID, got[r.ID], r.Weight, got)
@@ -206,9 +210,11 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 	for step := 1; step <= 4; step++ {
 		lf.clock.Step(loopInterval)
 		lf.load(cores, rps)
-		if rep := lf.run(); lf.wrote(rep) != 0 {
+		rep := lf.run()
+		if lf.wrote(rep) != 0 {
 			t.Fatalf("cycle %d after convergence wrote %d times (%+v)", step, lf.wrote(rep), rep.Outcomes[lf.key()])
 		}
+		t.Logf("cycle %d: weights %v, %d writes, %s: %s", step, orderedWeights(lf.ips, lf.weights()), lf.wrote(rep), rep.Outcomes[lf.key()].Action, rep.Outcomes[lf.key()].Reason)
 	}
 }
 
@@ -279,4 +285,113 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	default:
 		t.Fatal("no Event recorded for the fallback")
 	}
+}
+
+func TestWeightCycle_BudgetBurstAndCarryOver(t *testing.T) {
+	requireVM(t)
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	vm := vmtest.Start(t)
+	clk := clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
+	const services, budget = 50, 10
+	var b strings.Builder
+	now := clk.Now()
+	keys := map[types.NamespacedName]bool{}
+	for s := 0; s < services; s++ {
+		name := fmt.Sprintf("svc-%02d", s)
+		f.service(name)
+		var eps []sliceEndpoint
+		for p := 0; p < 3; p++ {
+			pod, ip := fmt.Sprintf("%s-%d", name, p), fmt.Sprintf("10.30.%d.%d", s, p+1)
+			f.pod(name, pod, ip, withCPULimit("2"))
+			eps = append(eps, ready(pod, ip))
+			// The third pod is slower, more so in higher-numbered Services: needs differ.
+			cores := 0.2
+			if p == 2 {
+				cores = 0.2 * (1.2 + float64(s)/10)
+			}
+			b.WriteString(vmtest.Counter(fmt.Sprintf(`container_cpu_usage_seconds_total{namespace=%q,pod=%q,container="app"}`, f.ns, pod), cores, now.Add(-time.Minute), now.Add(time.Minute), time.Second))
+			b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_requests_total{reporter="destination",namespace=%q,pod=%q,response_code="200"}`, f.ns, pod), 100, now.Add(-time.Minute), now.Add(time.Minute), time.Second))
+		}
+		f.slice(name, name+"-x", eps...)
+		alb := f.alb(name, name, func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: time.Minute} })
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), alb) })
+		keys[types.NamespacedName{Namespace: f.ns, Name: name}] = true
+	}
+	vm.ImportText(t, b.String())
+	for s := 0; s < services; s++ {
+		f.waitForCondition(fmt.Sprintf("svc-%02d", s), adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	}
+	src, err := metrics.New(metrics.Config{URL: vm.URL}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop := &WeightCycle{Client: operatorClient, Source: src, Recorder: record.NewFakeRecorder(1000), Clock: clk,
+		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()), Tick: loopInterval, Budget: budget,
+		HoldIntervals: 5, Debounce: pushmodel.DefaultConfig()}
+
+	served := map[types.NamespacedName]int{}
+	lastDeferred := -1
+	for c := 0; c < 5; c++ {
+		rep, err := loop.RunOnce(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ours []types.NamespacedName
+		for _, k := range rep.Written {
+			if keys[k] {
+				ours = append(ours, k)
+				served[k] = c
+			}
+		}
+		t.Logf("cycle %d: %d weight writes, %d estimated istiod pushes, %d deferred", c, len(ours), rep.Pushes, countDeferred(rep, keys))
+		lastDeferred = countDeferred(rep, keys)
+		pending := len(ours) + lastDeferred
+		if len(rep.Written) > budget || len(ours) != min(budget, pending) {
+			t.Fatalf("cycle %d: %d writes (%d ours) for %d pending; want min(budget %d, pending)", c, len(rep.Written), len(ours), pending, budget)
+		}
+		if rep.Pushes != 1 {
+			t.Fatalf("cycle %d: the burst costs %d estimated pushes, want 1 (writes at %v)", c, rep.Pushes, rep.Writes)
+		}
+		// In order of need: nothing deferred needed more than what was written this cycle.
+		minWritten := math.Inf(1)
+		for _, k := range ours {
+			minWritten = math.Min(minWritten, rep.Outcomes[k].Need)
+		}
+		for k, o := range rep.Outcomes {
+			if keys[k] && o.Action == cycle.ActionDeferred && o.Need > minWritten+1e-9 && c == 0 {
+				t.Fatalf("cycle 0 deferred %s (need %.3f) but wrote a need of %.3f", k, o.Need, minWritten)
+			}
+		}
+		// Endpoints win: a membership change while writes are deferred reaches the ServiceEntry
+		// through the mirror at once, whatever the budget.
+		if c == 0 {
+			f.slice("svc-49", "svc-49-x", ready("svc-49-0", "10.30.49.1"), ready("svc-49-1", "10.30.49.2"))
+			f.waitForAddresses("svc-49", "10.30.49.1", "10.30.49.2")
+		}
+		clk.Step(loopInterval)
+	}
+	// Every Service was served, except svc-49 if its membership change (two equal pods left)
+	// removed its need before its turn; nothing is still waiting.
+	if len(served) < services-1 || lastDeferred != 0 {
+		t.Fatalf("%d of %d Services served, %d still deferred after 5 cycles of budget %d", len(served), services, lastDeferred, budget)
+	}
+}
+
+func countDeferred(rep CycleReport, keys map[types.NamespacedName]bool) int {
+	n := 0
+	for k, o := range rep.Outcomes {
+		if keys[k] && o.Action == cycle.ActionDeferred {
+			n++
+		}
+	}
+	return n
+}
+
+func orderedWeights(ips []string, w map[string]int) []int {
+	out := make([]int, len(ips))
+	for i, ip := range ips {
+		out[i] = w[ip]
+	}
+	return out
 }
