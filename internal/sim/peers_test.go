@@ -17,7 +17,7 @@ func TestORCAWeight_FormulaBlackoutAndExpiry(t *testing.T) {
 		// weight = qps / (utilization + penalty × eps/qps) = 200 / (0.5 + 1 × 10/200)
 		"after the blackout: qps over utilization plus the error penalty": {now: 131, host: h, want: 200 / 0.55},
 		"no report for more than 3 minutes: expired":                      {now: 130 + 181, host: h, want: 0},
-		"never reported":                                                   {now: 500, host: orcaHost{nonEmptySince: -1}, want: 0},
+		"never reported": {now: 500, host: orcaHost{nonEmptySince: -1}, want: 0},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
