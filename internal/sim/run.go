@@ -716,13 +716,18 @@ func OracleWeights(sc *Scenario) map[string]int {
 	return out
 }
 
+// orcaReportWindow is the span a server averages its utilization and request rate over before
+// reporting them; servers smooth their ORCA metrics, and a single second is mostly noise.
+const orcaReportWindow = 5
+
 // orcaReport records the load report a response carries: the pod's CPU utilization and request
-// rate over the last whole second, as an ORCA-instrumented server reports them.
+// rate over the last orcaReportWindow whole seconds, as an ORCA-instrumented server reports them.
 func (s *simulation) orcaReport(t float64, proxy int, pod int32) {
 	cpus, served := s.snapCPU[pod], s.snapServed[pod]
 	if len(cpus) < 2 {
 		return
 	}
+	span := min(orcaReportWindow, len(cpus)-1)
 	p := s.pods[pod]
 	capacity := p.cores
 	if p.limit > 0 && p.limit < capacity {
@@ -733,8 +738,8 @@ func (s *simulation) orcaReport(t float64, proxy int, pod int32) {
 	}
 	h := &s.orca[proxy][pod]
 	n := len(cpus)
-	h.utilization = (cpus[n-1] - cpus[n-2]) / capacity
-	h.qps = float64(served[n-1] - served[n-2])
+	h.utilization = (cpus[n-1] - cpus[n-1-span]) / capacity / float64(span)
+	h.qps = float64(served[n-1]-served[n-1-span]) / float64(span)
 	if h.nonEmptySince < 0 || t-h.lastUpdate > orcaExpiration {
 		h.nonEmptySince = t
 	}
