@@ -18,7 +18,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -43,6 +45,7 @@ type runOptions struct {
 	leaseDuration           time.Duration
 	renewDeadline           time.Duration
 	retryPeriod             time.Duration
+	releaseOnCancel         bool
 	clusterDomain           string
 	workers                 int
 	qps                     float32
@@ -65,7 +68,11 @@ func newRunCmd() *cobra.Command {
 			return o.validate()
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return o.run(cmd.Context())
+			ctx := cmd.Context()
+			if ctx == nil || ctx == context.Background() {
+				ctx = ctrl.SetupSignalHandler()
+			}
+			return o.run(ctx)
 		},
 	}
 	f := cmd.Flags()
@@ -79,6 +86,7 @@ func newRunCmd() *cobra.Command {
 	f.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a crashed leader's lease blocks the standby")
 	f.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader retries renewing before it steps down")
 	f.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates try to acquire the lease")
+	f.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "release the lease on a graceful stop so the standby takes over at once")
 	f.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, used in ServiceEntry hosts")
 	f.IntVar(&o.workers, "workers", 8, "concurrent reconciles")
 	// Sized for 200 endpoint changes per second: each costs a ServiceEntry update and a status patch.
@@ -157,9 +165,6 @@ func (o *runOptions) run(ctx context.Context) error {
 	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level))))
 	logger := ctrl.Log.WithName("run")
-	if ctx == nil {
-		ctx = ctrl.SetupSignalHandler()
-	}
 	cfg, err := o.restConfig()
 	if err != nil {
 		return err
@@ -179,10 +184,13 @@ func (o *runOptions) run(ctx context.Context) error {
 		LeaderElection:                o.leaderElect,
 		LeaderElectionID:              o.leaderElectionID,
 		LeaderElectionNamespace:       o.leaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: true,
+		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
+		// One manager per process in production; the failover tests run several replicas in one
+		// test process, which the name check would refuse.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		return fmt.Errorf("create the controller manager: %w", err)

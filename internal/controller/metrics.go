@@ -1,6 +1,9 @@
 package controller
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -41,8 +44,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed reconciles of AdaptiveLoadBalancers, by reason.",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.EndpointPropagation, m.ServiceEntryWrites, m.ReconcileErrors)
+	m.EndpointPropagation = register(reg, m.EndpointPropagation)
+	m.ServiceEntryWrites = register(reg, m.ServiceEntryWrites)
+	m.ReconcileErrors = register(reg, m.ReconcileErrors)
 	return m
+}
+
+// register adds c to reg, or returns the collector already registered under the same name, so
+// that two managers in one process (tests, or a restart of the manager) share the series.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(fmt.Sprintf("register metric: %v", err))
+	}
+	return c
 }
 
 // DefaultMetrics registers the metrics with controller-runtime's registry, which the manager serves.

@@ -67,7 +67,10 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 			Help: "Services whose weight write waits for the next cycle's budget.",
 		}),
 	}
-	reg.MustRegister(m.CycleDuration, m.EstimatedPushes, m.LastSuccess, m.DeferredServices)
+	m.CycleDuration = register(reg, m.CycleDuration)
+	m.EstimatedPushes = register(reg, m.EstimatedPushes)
+	m.LastSuccess = register(reg, m.LastSuccess)
+	m.DeferredServices = register(reg, m.DeferredServices)
 	return m
 }
 
