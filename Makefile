@@ -13,7 +13,8 @@ export TOOLS_DIR
 # envtest reads KUBEBUILDER_ASSETS; our VictoriaMetrics tests read ADAPTIVELB_VMSINGLE_BIN.
 KUBEBUILDER_ASSETS ?= $(TOOLS_DIR)/k8s
 ADAPTIVELB_VMSINGLE_BIN ?= $(TOOLS_DIR)/victoria-metrics/victoria-metrics
-export KUBEBUILDER_ASSETS ADAPTIVELB_VMSINGLE_BIN
+ADAPTIVELB_HELM_BIN ?= $(TOOLS_DIR)/helm/helm
+export KUBEBUILDER_ASSETS ADAPTIVELB_VMSINGLE_BIN ADAPTIVELB_HELM_BIN
 
 # Generous: the envtest suites start real API servers on a 2-core machine.
 TEST_TIMEOUT ?= 40m
@@ -63,11 +64,15 @@ simulate: ## Run the simulator on its built-in seed-fib scenario.
 ##@ Test components
 
 .PHONY: test-assets
-test-assets: envtest-assets victoriametrics ## Build the real components the tests run against.
+test-assets: envtest-assets victoriametrics helm ## Build the real components the tests run against.
 
 .PHONY: envtest-assets
 envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k8s.
 	hack/build-envtest-assets.sh "$(TOOLS_DIR)/k8s"
+
+.PHONY: helm
+helm: ## Build the helm CLI for the chart tests into $(TOOLS_DIR)/helm.
+	hack/build-helm.sh "$(TOOLS_DIR)/helm"
 
 .PHONY: victoriametrics
 victoriametrics: ## Build VictoriaMetrics single-node into $(TOOLS_DIR)/victoria-metrics.
@@ -82,8 +87,11 @@ controller-gen: ## Build controller-gen from hack/tools into $(TOOLS_DIR).
 	@test -x "$(CONTROLLER_GEN)" || (cd hack/tools && GOFLAGS=-mod=mod $(GO) build -o "$(CONTROLLER_GEN)" sigs.k8s.io/controller-tools/cmd/controller-gen)
 
 .PHONY: manifests
-manifests: controller-gen ## Generate the CRD and RBAC manifests into config/.
+manifests: controller-gen ## Generate the CRD and RBAC manifests into config/ and the Helm chart.
 	"$(CONTROLLER_GEN)" rbac:roleName=adaptive-lb crd paths="./api/..." paths="./internal/controller/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	cp config/crd/bases/adaptivelb.io_adaptiveloadbalancers.yaml charts/adaptive-lb/crds/
+	sed -n '/^rules:/,$$p' config/rbac/role.yaml | tail -n +2 > charts/adaptive-lb/files/role-rules.yaml
+	cp charts/adaptive-lb/files/alerts.yaml config/prometheus/alerts.yaml
 
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.

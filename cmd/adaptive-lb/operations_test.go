@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
@@ -291,6 +292,10 @@ func TestOperations_AMissingVerbBreaksTheMirror(t *testing.T) {
 		if err := admin.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "web"}, alb); err == nil {
 			for _, c := range alb.Status.Conditions {
 				if c.Type == adlbv1.ConditionReady && c.Reason == adlbv1.ReasonWriteFailed && strings.Contains(c.Message, "forbidden") {
+					// The failure is also counted where the alerts look for it.
+					if n := reconcileErrors(t, "forbidden"); n < 1 {
+						t.Fatalf("adaptivelb_reconcile_errors_total{reason=\"forbidden\"} = %v", n)
+					}
 					return
 				}
 			}
@@ -298,4 +303,25 @@ func TestOperations_AMissingVerbBreaksTheMirror(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatal("with create removed from the ClusterRole, Ready never reported WriteFailed/forbidden")
+}
+
+func reconcileErrors(t *testing.T, reason string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "adaptivelb_reconcile_errors_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -235,3 +235,5 @@ func (f *fixture) waitForCondition(alb, condType string, status metav1.Condition
 	})
 	return c
 }
+
+var errNotYet = fmt.Errorf("not yet")

@@ -1,0 +1,205 @@
+// Package chart tests the Helm chart: rendered with the real helm CLI, checked against the
+// operator's generated RBAC and CRD, and applied to a real API server.
+package chart
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+)
+
+const chartDir = "../../charts/adaptive-lb"
+
+func requireBin(t *testing.T, env, what string) string {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set: run `make test`", env)
+		}
+		t.Skipf("%s is not set: run `make test`, which builds %s", env, what)
+	}
+	return v
+}
+
+// render runs helm template with --set flags and returns the objects by kind/name.
+func render(t *testing.T, sets ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	// --kube-version: a helm built from source assumes Kubernetes 1.20 when not talking to a cluster.
+	args := []string{"template", "lb", chartDir, "--namespace", "adaptive-lb-system", "--include-crds", "--kube-version", "1.36.3"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.Command(helm, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr.String())
+	}
+	objs := map[string]*unstructured.Unstructured{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if err == io.EOF {
+				break
+			}
+			t.Fatalf("rendered chart is not YAML: %v", err)
+		}
+		if len(u.Object) > 0 {
+			objs[u.GetKind()+"/"+u.GetName()] = u
+		}
+	}
+	return objs
+}
+
+func TestChart_ClusterRoleIsExactlyTheOperatorsGeneratedRole(t *testing.T) {
+	objs := render(t)
+	role := objs["ClusterRole/lb-adaptive-lb"]
+	if role == nil {
+		t.Fatalf("no ClusterRole rendered; got %v", keys(objs))
+	}
+	data, err := os.ReadFile("../../config/rbac/role.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generated map[string]any
+	if err := yaml.Unmarshal(data, &generated); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(role.Object["rules"], generated["rules"]) {
+		t.Fatalf("chart rules differ from config/rbac/role.yaml (run make manifests):\n%v\n%v", role.Object["rules"], generated["rules"])
+	}
+	// The lease Role stays in the release namespace.
+	lease := objs["Role/lb-adaptive-lb-leader-election"]
+	if lease == nil || lease.GetNamespace() != "adaptive-lb-system" {
+		t.Fatalf("leader-election Role %v", lease)
+	}
+}
+
+func TestChart_CRDIsTheGeneratedOne(t *testing.T) {
+	a, err := os.ReadFile(filepath.Join(chartDir, "crds", "adaptivelb.io_adaptiveloadbalancers.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../../config/crd/bases/adaptivelb.io_adaptiveloadbalancers.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatal("charts/adaptive-lb/crds differs from config/crd/bases: run make manifests")
+	}
+}
+
+func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
+	objs := render(t, "tsdb.url=http://vmselect:8481", "tsdb.pathPrefix=/select/0/prometheus", "tsdb.headers.X-Scope-OrgID=team-a", "tsdb.bearerTokenSecret=tsdb-token")
+	d := objs["Deployment/lb-adaptive-lb"]
+	if d == nil {
+		t.Fatalf("no Deployment; got %v", keys(objs))
+	}
+	if r, _, _ := unstructured.NestedFieldNoCopy(d.Object, "spec", "replicas"); fmt.Sprint(r) != "2" {
+		t.Fatalf("replicas %v, want 2 (a warm standby)", r)
+	}
+	containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+	c := containers[0].(map[string]any)
+	args := strings.Join(toStrings(c["args"]), " ")
+	for _, want := range []string{"run", "--leader-elect", "--leader-election-namespace=adaptive-lb-system", "--tsdb-url=http://vmselect:8481",
+		"--tsdb-path-prefix=/select/0/prometheus", "--tsdb-header=X-Scope-OrgID=team-a", "--tsdb-bearer-token-file=/var/run/secrets/tsdb/token/token",
+		"--metrics-bind-address=:8443", "--health-probe-bind-address=:8081", "--write-budget=50"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+	sc := c["securityContext"].(map[string]any)
+	if sc["readOnlyRootFilesystem"] != true || sc["allowPrivilegeEscalation"] != false || !reflect.DeepEqual(sc["capabilities"], map[string]any{"drop": []any{"ALL"}}) {
+		t.Errorf("container securityContext %v", sc)
+	}
+	podSC, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec", "securityContext")
+	if podSC["runAsNonRoot"] != true {
+		t.Errorf("pod securityContext %v", podSC)
+	}
+	for _, probe := range []string{"livenessProbe", "readinessProbe"} {
+		if c[probe] == nil {
+			t.Errorf("no %s", probe)
+		}
+	}
+	// Without a TSDB URL the operator only mirrors: no --tsdb flags.
+	plain := render(t)
+	pc, _, _ := unstructured.NestedSlice(plain["Deployment/lb-adaptive-lb"].Object, "spec", "template", "spec", "containers")
+	if strings.Contains(strings.Join(toStrings(pc[0].(map[string]any)["args"]), " "), "--tsdb") {
+		t.Error("tsdb flags rendered without tsdb.url")
+	}
+	// Optional monitoring objects need their CRDs; off by default.
+	if _, ok := plain["PrometheusRule/lb-adaptive-lb"]; ok {
+		t.Error("PrometheusRule rendered by default")
+	}
+	if single := render(t, "replicaCount=1", "leaderElection.enabled=false"); single["Role/lb-adaptive-lb-leader-election"] != nil {
+		t.Error("leader-election Role rendered with leader election off")
+	}
+}
+
+func TestChart_AppliesToARealAPIServer(t *testing.T) {
+	requireBin(t, "KUBEBUILDER_ASSETS", "kube-apiserver and etcd")
+	objs := render(t, "tsdb.url=http://vmselect:8481")
+	env := &envtest.Environment{}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ns := &unstructured.Unstructured{}
+	ns.SetAPIVersion("v1")
+	ns.SetKind("Namespace")
+	ns.SetName("adaptive-lb-system")
+	if err := c.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	// CRDs first, as helm installs them.
+	names := keys(objs)
+	sort.SliceStable(names, func(i, j int) bool {
+		return strings.HasPrefix(names[i], "CustomResourceDefinition/") && !strings.HasPrefix(names[j], "CustomResourceDefinition/")
+	})
+	for _, k := range names {
+		if err := c.Create(ctx, objs[k]); err != nil {
+			t.Fatalf("apply %s: %v", k, err)
+		}
+	}
+}
+
+func keys(m map[string]*unstructured.Unstructured) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func toStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
