@@ -135,7 +135,7 @@ func BenchmarkQuery_200kSeries(b *testing.B) {
 	ps := src.(*prometheusSource)
 	b.ReportAllocs()
 	for b.Loop() {
-		got, _, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli))
+		got, _, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli), benchPods)
 		if err != nil {
 			b.Fatal(err)
 		}

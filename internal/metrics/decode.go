@@ -9,6 +9,9 @@ import (
 	"github.com/prometheus/common/model"
 )
 
+// minSeriesBytes is the length of the shortest possible series, {"metric":{},"value":[0,"0"]}.
+const minSeriesBytes = 32
+
 // resultTypeVector is the API's resultType of an instant vector.
 const resultTypeVector = "vector"
 
@@ -28,7 +31,10 @@ type apiResponse struct {
 // pod label values are kept for each series (other labels are kept only when a series carries
 // any, so a duplicate can name them); values are parsed with strconv.ParseFloat. Unknown fields
 // are skipped. See docs/metrics.md ("Why the cycle does not use v1's decoder").
-func decodeQueryResponse(body []byte, labels Labels) (apiResponse, error) {
+func decodeQueryResponse(body []byte, labels Labels, podsHint int) (apiResponse, error) {
+	// Presizing the per-pod map saves its growth garbage. The hint (the cycle's pod count) is
+	// capped by what the body can hold: a series takes at least minSeriesBytes of JSON.
+	podsHint = max(0, min(podsHint, len(body)/minSeriesBytes))
 	var out apiResponse
 	iter := jsoniter.ConfigFastest.BorrowIterator(body)
 	defer jsoniter.ConfigFastest.ReturnIterator(iter)
@@ -47,7 +53,7 @@ func decodeQueryResponse(body []byte, labels Labels) (apiResponse, error) {
 				return true
 			})
 		case "data":
-			dataErr = decodeData(iter, labels, &out)
+			dataErr = decodeData(iter, labels, podsHint, &out)
 		default:
 			iter.Skip()
 		}
@@ -67,7 +73,7 @@ func decodeQueryResponse(body []byte, labels Labels) (apiResponse, error) {
 
 // decodeData reads the data object. The result is decoded only when resultType says vector,
 // whichever of the two fields comes first.
-func decodeData(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error {
+func decodeData(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiResponse) error {
 	if iter.WhatIsNext() == jsoniter.NilValue {
 		iter.Skip()
 		return nil
@@ -87,7 +93,7 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error 
 				iter.Skip()
 				return true
 			}
-			err = decodeVector(iter, labels, out)
+			err = decodeVector(iter, labels, podsHint, out)
 		default:
 			iter.Skip()
 		}
@@ -99,7 +105,7 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error 
 	if raw != nil && out.resultType == resultTypeVector {
 		sub := jsoniter.ConfigFastest.BorrowIterator(raw)
 		defer jsoniter.ConfigFastest.ReturnIterator(sub)
-		if err := decodeVector(sub, labels, out); err != nil {
+		if err := decodeVector(sub, labels, podsHint, out); err != nil {
 			return err
 		}
 		if sub.Error != nil {
@@ -109,8 +115,8 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error 
 	return nil
 }
 
-func decodeVector(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error {
-	out.result = podValues{values: map[podKey]podValue{}, labels: labels}
+func decodeVector(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiResponse) error {
+	out.result = podValues{values: make(map[podKey]podValue, podsHint), labels: labels}
 	var err error
 	iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
 		err = decodeSeries(iter, labels, out)

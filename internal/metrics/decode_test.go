@@ -127,7 +127,7 @@ func TestDecodeQueryResponse(t *testing.T) {
 			if tc.labels.Namespace != "" {
 				labels = tc.labels
 			}
-			got, err := decodeQueryResponse([]byte(tc.body), labels)
+			got, err := decodeQueryResponse([]byte(tc.body), labels, 2)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("got error %v, want %v", err, tc.wantErr)
@@ -181,7 +181,7 @@ func TestDecodeQueryResponse_DuplicateNamesEverySeries(t *testing.T) {
 		`{"metric":{"namespace":"n","pod":"p","instance":"a"},"value":[1,"1"]},` +
 		`{"metric":{"pod":"p","namespace":"n"},"value":[1,"2"]},` +
 		`{"metric":{"instance":"c","namespace":"n","pod":"p"},"value":[1,"3"]}]}}`
-	got, err := decodeQueryResponse([]byte(body), DefaultLabels)
+	got, err := decodeQueryResponse([]byte(body), DefaultLabels, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

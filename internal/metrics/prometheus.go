@@ -221,7 +221,7 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s.runPlanned(ctx, q, req.Now)
+			s.runPlanned(ctx, q, req.Now, len(req.Pods))
 		}()
 	}
 	wg.Wait()
@@ -305,9 +305,9 @@ func discoveredPods(p *plan) ([]Pod, []signalQueries) {
 	return pods, queries
 }
 
-func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time) {
+func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time, podsHint int) {
 	start := time.Now()
-	result, series, warnings, err := s.query(ctx, q.Text, now)
+	result, series, warnings, err := s.query(ctx, q.Text, now, podsHint)
 	s.metrics.duration.WithLabelValues(q.Name).Observe(time.Since(start).Seconds())
 	q.Warnings = warnings
 	if err != nil {
@@ -325,7 +325,8 @@ func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now 
 
 // query runs one instant query and turns every failure into a typed error. HTTP goes through
 // client_golang's api.Client (transport, auth, TLS); the body is decoded by decodeQueryResponse.
-func (s *prometheusSource) query(ctx context.Context, text string, now time.Time) (podValues, int, []string, error) {
+// podsHint is the number of pods the cycle expects (0 if unknown); it presizes the result.
+func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, podsHint int) (podValues, int, []string, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	form := url.Values{}
@@ -342,7 +343,7 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 	if err != nil {
 		return podValues{}, 0, nil, classify(ctx, qctx, err, s.timeout)
 	}
-	decoded, decodeErr := decodeQueryResponse(body, s.labels)
+	decoded, decodeErr := decodeQueryResponse(body, s.labels, podsHint)
 	if resp.StatusCode/100 != 2 {
 		detail := truncate(string(body), 1000)
 		// Prefer the API's own error text; a non-JSON body is shown as it came.
