@@ -333,13 +333,11 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 	form.Set("query", text)
 	form.Set("time", formatTime(now))
 	form.Set("timeout", s.timeout.String())
-	endpoint := s.client.URL("/api/v1/query", nil)
-	req, err := http.NewRequestWithContext(qctx, http.MethodPost, endpoint.String(), strings.NewReader(form.Encode()))
-	if err != nil {
-		return podValues{}, 0, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+	resp, body, err := s.post(qctx, form)
+	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
+		// Read-only gateways may refuse POST; v1 falls back to GET the same way.
+		resp, body, err = s.get(qctx, form)
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, body, err := s.client.Do(qctx, req)
 	if err != nil {
 		return podValues{}, 0, nil, classify(ctx, qctx, err, s.timeout)
 	}
@@ -372,6 +370,26 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 		return podValues{}, 0, nil, &NoDataError{}
 	}
 	return decoded.result, decoded.series, nil, nil
+}
+
+func (s *prometheusSource) post(ctx context.Context, form url.Values) (*http.Response, []byte, error) {
+	endpoint := s.client.URL("/api/v1/query", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint.String(), strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	return s.client.Do(ctx, req)
+}
+
+func (s *prometheusSource) get(ctx context.Context, form url.Values) (*http.Response, []byte, error) {
+	endpoint := s.client.URL("/api/v1/query", nil)
+	endpoint.RawQuery = form.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint.String(), nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+	}
+	return s.client.Do(ctx, req)
 }
 
 // formatTime renders t as Unix seconds with the fraction the API accepts.
