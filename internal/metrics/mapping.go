@@ -28,24 +28,6 @@ type podValues struct {
 	labels     Labels
 }
 
-// splitByPod indexes a vector by the pod labels (the decoder does the same while streaming).
-func splitByPod(vec model.Vector, labels Labels) podValues {
-	out := podValues{values: make(map[podKey]podValue, len(vec)), labels: labels}
-	for _, s := range vec {
-		var others model.Metric
-		for name, v := range s.Metric {
-			if string(name) != labels.Namespace && string(name) != labels.Pod {
-				if others == nil {
-					others = model.Metric{}
-				}
-				others[name] = v
-			}
-		}
-		out.add(string(s.Metric[model.LabelName(labels.Namespace)]), string(s.Metric[model.LabelName(labels.Pod)]), float64(s.Value), others)
-	}
-	return out
-}
-
 // add records one series. A pod with several series is moved to duplicates and never summed:
 // two scrapes of one pod would otherwise double its rate.
 func (p *podValues) add(ns, pod string, value float64, others model.Metric) {
