@@ -38,7 +38,7 @@ vet: ## Run go vet.
 	$(GO) vet ./...
 
 .PHONY: test
-test: test-assets vet ## Run every test, building the real test components on first use.
+test: test-assets vet verify-generated ## Run every test, building the real test components on first use.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
@@ -88,3 +88,11 @@ manifests: controller-gen ## Generate the CRD and RBAC manifests into config/.
 .PHONY: generate
 generate: controller-gen ## Generate DeepCopy methods for the API types.
 	"$(CONTROLLER_GEN)" object paths="./api/..."
+
+.PHONY: verify-generated
+verify-generated: controller-gen ## Fail when the committed CRD, RBAC or DeepCopy code differs from the markers.
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	"$(CONTROLLER_GEN)" rbac:roleName=adaptive-lb crd paths="./api/..." paths="./internal/controller/..." output:crd:artifacts:config=$$tmp/crd output:rbac:artifacts:config=$$tmp/rbac; \
+	diff -ru config/crd/bases $$tmp/crd && diff -ru config/rbac/role.yaml $$tmp/rbac/role.yaml || { echo "generated manifests are stale: run make manifests"; exit 1; }; \
+	cp api/v1alpha1/zz_generated.deepcopy.go $$tmp/deepcopy.go; "$(CONTROLLER_GEN)" object paths="./api/..."; \
+	if ! diff -q $$tmp/deepcopy.go api/v1alpha1/zz_generated.deepcopy.go >/dev/null; then cp $$tmp/deepcopy.go api/v1alpha1/zz_generated.deepcopy.go; echo "DeepCopy code is stale: run make generate"; exit 1; fi

@@ -42,27 +42,28 @@ type metricsSourceFlags struct {
 	queryErrors, queryLatency string
 }
 
-func addMetricsSourceFlags(fs *pflag.FlagSet) *metricsSourceFlags {
+// prefix names the flags ("" for metrics check, "tsdb-" for run).
+func addMetricsSourceFlags(fs *pflag.FlagSet, prefix string) *metricsSourceFlags {
 	f := &metricsSourceFlags{}
-	fs.StringVar(&f.url, "url", "", "base URL of the Prometheus-compatible query API, e.g. http://vmselect.monitoring:8481 (required)")
-	fs.StringVar(&f.pathPrefix, "path-prefix", "", "path before /api/v1/query, e.g. /select/0/prometheus (VictoriaMetrics cluster) or /prometheus (Mimir)")
-	fs.DurationVar(&f.timeout, "timeout", metrics.DefaultTimeout, "timeout of each query")
-	fs.StringVar(&f.bearerTokenFile, "bearer-token-file", "", "file holding a bearer token; re-read when it changes")
-	fs.StringVar(&f.basicAuthUser, "basic-auth-username", "", "basic auth username")
-	fs.StringVar(&f.passFile, "basic-auth-password-file", "", "file holding the basic auth password")
-	fs.StringVar(&f.tlsCA, "tls-ca-file", "", "CA bundle to verify the TSDB's certificate")
-	fs.StringVar(&f.tlsCert, "tls-cert-file", "", "client certificate for mutual TLS")
-	fs.StringVar(&f.tlsKey, "tls-key-file", "", "client key for mutual TLS")
-	fs.StringVar(&f.tlsServerName, "tls-server-name", "", "server name to verify instead of the URL's host")
-	fs.BoolVar(&f.tlsInsecureSkipVerify, "tls-insecure-skip-verify", false, "do not verify the TSDB's certificate (testing only)")
-	fs.StringArrayVar(&f.headers, "header", nil, "extra request header NAME=VALUE, repeatable, e.g. X-Scope-OrgID=team-a")
-	fs.StringVar(&f.labelNamespace, "label-namespace", metrics.DefaultLabels.Namespace, "label holding the pod's namespace")
-	fs.StringVar(&f.labelPod, "label-pod", metrics.DefaultLabels.Pod, "label holding the pod's name")
-	fs.StringVar(&f.labelContainer, "label-container", metrics.DefaultLabels.Container, "label holding the container name (cAdvisor)")
-	fs.StringVar(&f.queryCPU, "query-cpu", "", "Go template replacing the default CPU query (see docs/metrics.md)")
-	fs.StringVar(&f.queryRPS, "query-request-rate", "", "Go template replacing the default request-rate query")
-	fs.StringVar(&f.queryErrors, "query-error-rate", "", "Go template replacing the default error-rate query")
-	fs.StringVar(&f.queryLatency, "query-latency-p99", "", "Go template replacing the default p99 latency query (seconds)")
+	fs.StringVar(&f.url, prefix+"url", "", "base URL of the Prometheus-compatible query API, e.g. http://vmselect.monitoring:8481 (required)")
+	fs.StringVar(&f.pathPrefix, prefix+"path-prefix", "", "path before /api/v1/query, e.g. /select/0/prometheus (VictoriaMetrics cluster) or /prometheus (Mimir)")
+	fs.DurationVar(&f.timeout, prefix+"timeout", metrics.DefaultTimeout, "timeout of each query")
+	fs.StringVar(&f.bearerTokenFile, prefix+"bearer-token-file", "", "file holding a bearer token; re-read when it changes")
+	fs.StringVar(&f.basicAuthUser, prefix+"basic-auth-username", "", "basic auth username")
+	fs.StringVar(&f.passFile, prefix+"basic-auth-password-file", "", "file holding the basic auth password")
+	fs.StringVar(&f.tlsCA, prefix+"tls-ca-file", "", "CA bundle to verify the TSDB's certificate")
+	fs.StringVar(&f.tlsCert, prefix+"tls-cert-file", "", "client certificate for mutual TLS")
+	fs.StringVar(&f.tlsKey, prefix+"tls-key-file", "", "client key for mutual TLS")
+	fs.StringVar(&f.tlsServerName, prefix+"tls-server-name", "", "server name to verify instead of the URL's host")
+	fs.BoolVar(&f.tlsInsecureSkipVerify, prefix+"tls-insecure-skip-verify", false, "do not verify the TSDB's certificate (testing only)")
+	fs.StringArrayVar(&f.headers, prefix+"header", nil, "extra request header NAME=VALUE, repeatable, e.g. X-Scope-OrgID=team-a")
+	fs.StringVar(&f.labelNamespace, prefix+"label-namespace", metrics.DefaultLabels.Namespace, "label holding the pod's namespace")
+	fs.StringVar(&f.labelPod, prefix+"label-pod", metrics.DefaultLabels.Pod, "label holding the pod's name")
+	fs.StringVar(&f.labelContainer, prefix+"label-container", metrics.DefaultLabels.Container, "label holding the container name (cAdvisor)")
+	fs.StringVar(&f.queryCPU, prefix+"query-cpu", "", "Go template replacing the default CPU query (see docs/metrics.md)")
+	fs.StringVar(&f.queryRPS, prefix+"query-request-rate", "", "Go template replacing the default request-rate query")
+	fs.StringVar(&f.queryErrors, prefix+"query-error-rate", "", "Go template replacing the default error-rate query")
+	fs.StringVar(&f.queryLatency, prefix+"query-latency-p99", "", "Go template replacing the default p99 latency query (seconds)")
 	return f
 }
 
@@ -152,7 +153,7 @@ with status 2 on invalid flags.`,
 			return runMetricsCheck(cmd.Context(), o, o.now, cmd.OutOrStdout())
 		},
 	}
-	o.source = addMetricsSourceFlags(cmd.Flags())
+	o.source = addMetricsSourceFlags(cmd.Flags(), "")
 	cmd.Flags().StringArrayVar(&o.namespaces, "namespace", nil, "namespace to check, repeatable (default: all)")
 	cmd.Flags().StringVar(&o.podRegex, "pod-regex", "", "only pods whose name matches this regex (PromQL =~ syntax)")
 	cmd.Flags().DurationVar(&o.window, "window", time.Minute, "rate window of the queries")

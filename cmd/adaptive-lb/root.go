@@ -41,6 +41,7 @@ Run "adaptive-lb simulate" to see its effect on a simulated heterogeneous fleet,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err: err} })
 	root.AddCommand(
 		newSimulateCmd(),
+		newBenchCmd(),
 		newRunCmd(),
 		newMetricsCmd(),
 		newVersionCmd(),

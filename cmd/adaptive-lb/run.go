@@ -1,15 +1,256 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap/zapcore"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/controller"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 )
 
-// SCAFFOLD: replaced by the owning work stream before it lands.
-func newRunCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "run",
-		RunE: func(*cobra.Command, []string) error { return errors.New("run: not built yet") },
-	}
+// runOptions are the operator's flags; defaults are documented in docs/operations.md.
+type runOptions struct {
+	kubeconfig              string
+	metricsAddr             string
+	secureMetrics           bool
+	probeAddr               string
+	leaderElect             bool
+	leaderElectionNamespace string
+	leaderElectionID        string
+	leaseDuration           time.Duration
+	renewDeadline           time.Duration
+	retryPeriod             time.Duration
+	releaseOnCancel         bool
+	clusterDomain           string
+	workers                 int
+	qps                     float32
+	burst                   int
+	logLevel                string
+	cycleTick               time.Duration
+	writeBudget             int
+	holdIntervals           int
+	source                  *metricsSourceFlags
+	sourceConfig            metrics.Config
 }
+
+func newRunCmd() *cobra.Command {
+	o := &runOptions{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the operator: mirror opted-in Services into weighted Istio ServiceEntries",
+		Args:  cobra.NoArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			return o.validate()
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if ctx == nil || ctx == context.Background() {
+				ctx = ctrl.SetupSignalHandler()
+			}
+			return o.run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config or $KUBECONFIG")
+	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "address of the metrics endpoint; 0 disables it")
+	f.BoolVar(&o.secureMetrics, "metrics-secure", true, "serve metrics over HTTPS, authenticated and authorized through the API server")
+	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz probes")
+	f.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica writes; standbys keep warm caches")
+	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader Lease (default: the pod's own)")
+	f.StringVar(&o.leaderElectionID, "leader-election-id", "adaptive-lb.adaptivelb.io", "name of the leader Lease")
+	f.DurationVar(&o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a crashed leader's lease blocks the standby")
+	f.DurationVar(&o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader retries renewing before it steps down")
+	f.DurationVar(&o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates try to acquire the lease")
+	f.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "release the lease on a graceful stop so the standby takes over at once")
+	f.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, used in ServiceEntry hosts")
+	f.IntVar(&o.workers, "workers", 8, "concurrent reconciles")
+	// Sized for 200 endpoint changes per second: each costs a ServiceEntry update and a status patch.
+	f.Float32Var(&o.qps, "kube-api-qps", 200, "client-side rate limit toward the API server (requests per second)")
+	f.IntVar(&o.burst, "kube-api-burst", 400, "client-side burst toward the API server")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
+	f.DurationVar(&o.cycleTick, "cycle-tick", 5*time.Second, "the weight cycle's tick; each AdaptiveLoadBalancer's interval is rounded up to a multiple of it")
+	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
+	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
+	o.source = addMetricsSourceFlags(f, "tsdb-")
+	return cmd
+}
+
+func (o *runOptions) validate() error {
+	if o.workers < 1 || o.workers > 64 {
+		return newUsageError("--workers %d must be between 1 and 64", o.workers)
+	}
+	if o.clusterDomain == "" || strings.HasPrefix(o.clusterDomain, ".") || strings.HasSuffix(o.clusterDomain, ".") {
+		return newUsageError("--cluster-domain %q must be a domain such as cluster.local", o.clusterDomain)
+	}
+	if o.qps <= 0 || o.burst < 1 {
+		return newUsageError("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
+		return newUsageError("leader election needs lease duration > renew deadline > retry period > 0 (got %v, %v, %v)", o.leaseDuration, o.renewDeadline, o.retryPeriod)
+	}
+	if o.cycleTick < time.Second || o.writeBudget < 0 || o.holdIntervals < 1 {
+		return newUsageError("--cycle-tick must be at least 1s, --write-budget at least 0 and --hold-intervals at least 1")
+	}
+	if o.source.url != "" {
+		cfg, err := o.source.config()
+		if err != nil {
+			return err
+		}
+		o.sourceConfig = cfg
+	}
+	switch o.logLevel {
+	case "debug", "info", "error":
+	default:
+		return newUsageError("--log-level %q must be debug, info or error", o.logLevel)
+	}
+	return nil
+}
+
+func (o *runOptions) restConfig() (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		cfg, err = ctrl.GetConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load Kubernetes client config: %w", err)
+	}
+	cfg.QPS, cfg.Burst = o.qps, o.burst
+	cfg.UserAgent = "adaptive-lb/" + version
+	return cfg, nil
+}
+
+// Scheme holds every type the operator reads or writes.
+func operatorScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, adlbv1.AddToScheme, networkingv1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// errIstioCRDsMissing is fatal: without ServiceEntry the operator has nothing to write.
+var errIstioCRDsMissing = errors.New("the ServiceEntry CRD (networking.istio.io/v1) is not installed: install Istio (1.22.1 or newer) or at least its CRDs, e.g. `istioctl install` or the istio/base Helm chart, then restart adaptive-lb")
+
+func (o *runOptions) run(ctx context.Context) error {
+	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
+	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level))))
+	logger := ctrl.Log.WithName("run")
+	cfg, err := o.restConfig()
+	if err != nil {
+		return err
+	}
+	scheme, err := operatorScheme()
+	if err != nil {
+		return err
+	}
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics}
+	if o.secureMetrics {
+		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		Metrics:                       metricsOpts,
+		HealthProbeBindAddress:        o.probeAddr,
+		LeaderElection:                o.leaderElect,
+		LeaderElectionID:              o.leaderElectionID,
+		LeaderElectionNamespace:       o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
+		LeaseDuration:                 &o.leaseDuration,
+		RenewDeadline:                 &o.renewDeadline,
+		RetryPeriod:                   &o.retryPeriod,
+		// One manager per process in production; the failover tests run several replicas in one
+		// test process, which the name check would refuse.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return fmt.Errorf("create the controller manager: %w", err)
+	}
+	if err := requireServiceEntryCRD(mgr.GetRESTMapper()); err != nil {
+		return err
+	}
+	r := &controller.AdaptiveLoadBalancerReconciler{
+		Client:        mgr.GetClient(),
+		Scheme:        mgr.GetScheme(),
+		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
+		Metrics:       controller.DefaultMetrics(),
+		ClusterDomain: o.clusterDomain,
+	}
+	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
+		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)
+	}
+	if o.source.url == "" {
+		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
+	} else {
+		src, err := metrics.New(o.sourceConfig, ctrlmetrics.Registry)
+		if err != nil {
+			return err
+		}
+		loop := &controller.WeightCycle{
+			Client: mgr.GetClient(), Source: src, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
+			Clock: clock.RealClock{}, Metrics: r.Metrics, Cycle: controller.NewCycleMetrics(ctrlmetrics.Registry),
+			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
+		}
+		if err := mgr.Add(loop); err != nil {
+			return fmt.Errorf("add the weight cycle: %w", err)
+		}
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", func(req *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
+			return errors.New("informer caches not synced")
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	logger.Info("starting adaptive-lb", "version", version, "leaderElection", o.leaderElect, "clusterDomain", o.clusterDomain)
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("operator stopped: %w", err)
+	}
+	return nil
+}
+
+func requireServiceEntryCRD(mapper meta.RESTMapper) error {
+	_, err := mapper.RESTMapping(schema.GroupKind{Group: "networking.istio.io", Kind: "ServiceEntry"}, "v1")
+	if meta.IsNoMatchError(err) {
+		return errIstioCRDsMissing
+	}
+	if err != nil {
+		return fmt.Errorf("look up the ServiceEntry API: %w", err)
+	}
+	return nil
+}
+
+func zapLevel(l int) zapcore.Level { return zapcore.Level(l) }

@@ -14,6 +14,7 @@ const (
 	evPhase                        // the offered load changes
 	evSnapshot                     // once a simulated second: counters for windows and timelines
 	evRestartStep                  // one step of a rolling restart
+	evProbe                        // a Prequal probe comes back to its client
 )
 
 // event is ordered by (t, seq): seq makes ties deterministic in scheduling order.

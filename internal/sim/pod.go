@@ -45,6 +45,8 @@ type pod struct {
 	throttledFor float64 // seconds spent throttled with requests waiting
 	area         float64 // ∫ requests in the pod dt, for Little's law
 	errors       uint64
+	// latency is an EWMA of the time requests spend in the pod, what a Prequal probe reports.
+	latency float64
 }
 
 func (p *pod) inSystem() int { return len(p.running) + len(p.queue) - p.qhead }

@@ -26,7 +26,7 @@ const (
 )
 
 // Policies lists every policy name accepted by Run.
-var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle}
+var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal}
 
 // DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
 var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity}
@@ -101,6 +101,12 @@ type simulation struct {
 	weightLog    []WeightPoint
 	lastApply    float64 // when weights last reached the clients; 0 before the first write
 
+	// Peers' client-side state, per proxy.
+	peak     []peakEWMA
+	orca     [][]orcaHost
+	prequal  []prequalPool
+	probeRTT float64
+
 	warmCPU    []float64
 	warmServed []uint64
 	warmAt     []float64
@@ -133,6 +139,14 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		if len(opts.StaticWeights) == 0 {
 			s.opts.StaticWeights = OracleWeights(sc)
 		}
+	case PolicyORCAWRR:
+		lb = LBRoundRobin // weighted by the ORCA weights, refreshed every second
+		s.orca = make([][]orcaHost, sc.Clients.Proxies)
+	case PolicyPeakEWMA:
+		s.peak = make([]peakEWMA, sc.Clients.Proxies)
+	case PolicyPrequal:
+		s.prequal = make([]prequalPool, sc.Clients.Proxies)
+		s.probeRTT = sc.Clients.ProbeRTT.Seconds()
 	default:
 		st := weights.DefaultSettings(weights.Algorithm(policy))
 		if opts.Settings != nil {
@@ -241,6 +255,11 @@ func (s *simulation) loop() error {
 			s.rps = s.sc.Load.Phases[ev.a].RPS
 		case evSnapshot:
 			s.onSnapshot(ev.t)
+			if s.orca != nil {
+				s.refreshORCA(ev.t)
+			}
+		case evProbe:
+			s.onProbe(ev.t, int(ev.a), int32(ev.b))
 		}
 	}
 	s.settle(s.end)
@@ -349,7 +368,20 @@ func (s *simulation) onArrival(t float64) {
 	if len(s.hosts) == 0 {
 		return // no endpoint: the request fails fast (503) and is not a latency sample
 	}
-	podID := s.balancers[proxy][worker].pick(s.active[proxy], s.lbRand)
+	var podID int32
+	switch {
+	case s.peak != nil:
+		podID = s.peak[proxy].pick(s.hosts, s.active[proxy], t, s.lbRand)
+	case s.prequal != nil:
+		s.sendProbes(t, proxy)
+		id, ok := s.prequal[proxy].pick(t, func(pod int32) bool { return s.pods[pod].inHostSet })
+		if !ok {
+			id = s.hosts[s.lbRand.Intn(len(s.hosts))]
+		}
+		podID = id
+	default:
+		podID = s.balancers[proxy][worker].pick(s.active[proxy], s.lbRand)
+	}
 	p := s.pods[podID]
 	var id int32
 	if n := len(s.free); n > 0 {
@@ -413,6 +445,12 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 	p.running = kept
 	for _, id := range done {
 		p.served++
+		inPod := t - s.reqs[id].sent - s.netHalf
+		if p.latency == 0 {
+			p.latency = inPod
+		} else {
+			p.latency += 0.05 * (inPod - p.latency)
+		}
 		s.q.push(t+s.netHalf, evResponse, id, 0)
 	}
 	for len(p.running) < p.workers && p.qhead < len(p.queue) {
@@ -434,6 +472,12 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 func (s *simulation) onResponse(t float64, id int32) {
 	r := s.reqs[id]
 	s.active[r.proxy][r.pod]--
+	switch {
+	case s.peak != nil:
+		s.peak[r.proxy].observe(r.pod, t, t-r.sent)
+	case s.orca != nil:
+		s.orcaReport(t, int(r.proxy), r.pod)
+	}
 	ms := float32((t - r.sent) * 1000)
 	s.bucketLat = append(s.bucketLat, ms)
 	if r.sent >= s.warmup {
@@ -670,4 +714,65 @@ func OracleWeights(sc *Scenario) map[string]int {
 		out[name] = max(1, int(math.Round(1000*c/hi)))
 	}
 	return out
+}
+
+// orcaReportWindow is the span a server averages its utilization and request rate over before
+// reporting them; servers smooth their ORCA metrics, and a single second is mostly noise.
+const orcaReportWindow = 5
+
+// orcaReport records the load report a response carries: the pod's CPU utilization and request
+// rate over the last orcaReportWindow whole seconds, as an ORCA-instrumented server reports them.
+func (s *simulation) orcaReport(t float64, proxy int, pod int32) {
+	cpus, served := s.snapCPU[pod], s.snapServed[pod]
+	if len(cpus) < 2 {
+		return
+	}
+	span := min(orcaReportWindow, len(cpus)-1)
+	p := s.pods[pod]
+	capacity := p.cores
+	if p.limit > 0 && p.limit < capacity {
+		capacity = p.limit
+	}
+	for len(s.orca[proxy]) <= int(pod) {
+		s.orca[proxy] = append(s.orca[proxy], orcaHost{nonEmptySince: -1})
+	}
+	h := &s.orca[proxy][pod]
+	n := len(cpus)
+	h.utilization = (cpus[n-1] - cpus[n-1-span]) / capacity / float64(span)
+	h.qps = float64(served[n-1]-served[n-1-span]) / float64(span)
+	if h.nonEmptySince < 0 || t-h.lastUpdate > orcaExpiration {
+		h.nonEmptySince = t
+	}
+	h.lastUpdate = t
+}
+
+// refreshORCA recomputes every proxy's weights, as Envoy does every weight_update_period.
+func (s *simulation) refreshORCA(t float64) {
+	for proxy, workers := range s.balancers {
+		raw := make([]float64, len(s.hosts))
+		for i, h := range s.hosts {
+			if int(h) < len(s.orca[proxy]) {
+				raw[i] = orcaWeight(s.orca[proxy][h], t)
+			}
+		}
+		ws := orcaWeights(raw)
+		for _, b := range workers {
+			b.refresh(s.hosts, ws, s.active[proxy], s.lbRand)
+		}
+	}
+}
+
+// sendProbes sends a query's Prequal probes to random replicas; each comes back after probeRTT.
+func (s *simulation) sendProbes(t float64, proxy int) {
+	for i := 0; i < prequalProbes; i++ {
+		pod := s.hosts[s.lbRand.Intn(len(s.hosts))]
+		s.q.push(t+s.probeRTT, evProbe, int32(proxy), uint32(pod))
+	}
+}
+
+// onProbe files a probe's answer, read when it left the replica: its requests in flight and its
+// latency estimate. Probes cost the replica no CPU.
+func (s *simulation) onProbe(t float64, proxy int, pod int32) {
+	p := s.pods[pod]
+	s.prequal[proxy].add(prequalProbe{pod: pod, rif: p.inSystem(), latency: p.latency, at: t})
 }

@@ -53,6 +53,8 @@ type Clients struct {
 	ChoiceCount       int      `json:"choice_count"`
 	ActiveRequestBias *float64 `json:"active_request_bias,omitempty"`
 	NetworkLatency    Duration `json:"network_latency"`
+	// ProbeRTT is how long a Prequal probe takes to come back (default: network_latency, or 1ms).
+	ProbeRTT Duration `json:"probe_rtt,omitempty"`
 }
 
 // Controller configures the adaptive-lb loop inside the simulation.
@@ -216,6 +218,12 @@ func (s *Scenario) applyDefaults() {
 	if s.Clients.ActiveRequestBias == nil {
 		one := 1.0
 		s.Clients.ActiveRequestBias = &one
+	}
+	if s.Clients.ProbeRTT.Duration == 0 {
+		s.Clients.ProbeRTT.Duration = s.Clients.NetworkLatency.Duration
+		if s.Clients.ProbeRTT.Duration == 0 {
+			s.Clients.ProbeRTT.Duration = time.Millisecond
+		}
 	}
 	if s.Controller.Interval.Duration == 0 {
 		s.Controller.Interval.Duration = 30 * time.Second

@@ -80,6 +80,10 @@ func DefaultSettings(alg Algorithm) Settings {
 	}
 }
 
+// EqualWeight is the weight every endpoint gets when weights are equal: the start, DryRun, and
+// the fallback when metrics are gone.
+func (s Settings) EqualWeight() int { return s.defaultWeight() }
+
 // defaultWeight is the weight for endpoints nothing is known about.
 func (s Settings) defaultWeight() int {
 	if s.DefaultWeight > 0 {

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/sim"
+)
+
+// benchPolicies are compared on every scenario of the suite.
+var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
+
+// Markers around the generated part of the benchmarks page.
+const (
+	benchBegin = "<!-- adaptive-lb bench: begin (generated; edit the command, not this table) -->"
+	benchEnd   = "<!-- adaptive-lb bench: end -->"
+)
+
+type benchOptions struct {
+	suite    string
+	policies []string
+	doc      string
+	plots    string
+}
+
+func newBenchCmd() *cobra.Command {
+	o := &benchOptions{}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Run the scenario suite under every policy and write the tables and plots",
+		Long: `bench runs every scenario file of --suite under each policy, prints a p99 table, rewrites
+the generated section of --doc (docs/benchmarks.md) and writes one PNG per scenario into --plots.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd.OutOrStdout(), cmd.ErrOrStderr()) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.suite, "suite", "bench/scenarios", "directory of scenario YAML files")
+	f.StringSliceVar(&o.policies, "policies", benchPolicies, "policies to compare")
+	f.StringVar(&o.doc, "doc", "docs/benchmarks.md", "markdown file whose generated section is rewritten; empty prints only")
+	f.StringVar(&o.plots, "plots", "docs/img", "directory for one PNG per scenario; empty writes none")
+	return cmd
+}
+
+type benchRow struct {
+	scenario string
+	results  map[string]*sim.Result
+}
+
+func (o *benchOptions) run(stdout, stderr io.Writer) error {
+	for _, p := range o.policies {
+		if err := sim.ValidatePolicy(p); err != nil {
+			return usageError{err: fmt.Errorf("--policies: %w", err)}
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(o.suite, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		return newUsageError("--suite %q holds no scenario files (*.yaml)", o.suite)
+	}
+	sort.Strings(files)
+	var rows []benchRow
+	for _, file := range files {
+		sc, err := sim.LoadScenarioFile(file)
+		if err != nil {
+			return usageError{err: err}
+		}
+		fmt.Fprintf(stderr, "bench: %s\n", sc.Name)
+		results, err := runPolicies(sc, o.policies, false, stderr)
+		if err != nil {
+			return err
+		}
+		row := benchRow{scenario: sc.Name, results: map[string]*sim.Result{}}
+		for _, r := range results {
+			row.results[r.Policy] = r
+		}
+		rows = append(rows, row)
+		if o.plots != "" {
+			if err := os.MkdirAll(o.plots, 0o755); err != nil {
+				return err
+			}
+			if err := sim.WritePlot(filepath.Join(o.plots, "bench-"+sc.Name+".png"), sc.Name, results); err != nil {
+				return err
+			}
+		}
+	}
+	table := o.markdown(rows)
+	if _, err := io.WriteString(stdout, table); err != nil {
+		return err
+	}
+	if o.doc == "" {
+		return nil
+	}
+	return replaceGenerated(o.doc, table)
+}
+
+func (o *benchOptions) markdown(rows []benchRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench` (suite `%s`, seed of each scenario file).\n\n", o.suite)
+	b.WriteString("p99 latency in ms:\n\n| scenario |")
+	for _, p := range o.policies {
+		fmt.Fprintf(&b, " %s |", p)
+	}
+	b.WriteString("\n| --- |" + strings.Repeat(" --- |", len(o.policies)) + "\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s |", r.scenario)
+		best := math.Inf(1)
+		for _, p := range o.policies {
+			best = math.Min(best, r.results[p].Latency.P99)
+		}
+		for _, p := range o.policies {
+			v := r.results[p].Latency.P99
+			if v == best {
+				fmt.Fprintf(&b, " **%.1f** |", v)
+			} else {
+				fmt.Fprintf(&b, " %.1f |", v)
+			}
+		}
+		b.WriteString("\n")
+	}
+	if has(o.policies, sim.PolicyCapacity) && has(o.policies, sim.PolicyOracle) && has(o.policies, sim.PolicyLeastRequest) {
+		b.WriteString("\n`capacity` against its targets (weight CV: the largest coefficient of variation of a pod's weight over the second half of the run):\n\n")
+		b.WriteString("| scenario | p99 / oracle | p99 / least_request | total CPU / least_request | weight writes | largest weight CV | settled after |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, r := range rows {
+			c, or, lr := r.results[sim.PolicyCapacity], r.results[sim.PolicyOracle], r.results[sim.PolicyLeastRequest]
+			fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %d | %.1f%% | %.0f s |\n", r.scenario, c.Latency.P99/or.Latency.P99, c.Latency.P99/lr.Latency.P99, c.TotalCPU/lr.TotalCPU, c.WeightWrites, 100*weightCV(c), c.SteadyAfterS)
+		}
+	}
+	return b.String()
+}
+
+// weightCV is the largest coefficient of variation of one pod's weight over the second half of
+// the run, sampling the weight in force every second.
+func weightCV(r *sim.Result) float64 {
+	if len(r.Weights) == 0 || len(r.Timeline) == 0 {
+		return 0
+	}
+	end := r.Timeline[len(r.Timeline)-1].TimeS
+	worst := 0.0
+	for pod := range r.Weights[len(r.Weights)-1].Weights {
+		var xs []float64
+		for t := end / 2; t <= end; t++ {
+			w := 0
+			for _, wp := range r.Weights {
+				if wp.TimeS <= t {
+					w = wp.Weights[pod]
+				}
+			}
+			if w > 0 {
+				xs = append(xs, float64(w))
+			}
+		}
+		if len(xs) < 2 {
+			continue
+		}
+		var mean, sq float64
+		for _, x := range xs {
+			mean += x
+		}
+		mean /= float64(len(xs))
+		for _, x := range xs {
+			sq += (x - mean) * (x - mean)
+		}
+		worst = math.Max(worst, math.Sqrt(sq/float64(len(xs)))/mean)
+	}
+	return worst
+}
+
+func has(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// replaceGenerated rewrites the text between the bench markers, appending a section if absent.
+func replaceGenerated(path, table string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read --doc: %w", err)
+	}
+	block := benchBegin + "\n" + table + benchEnd
+	i, j := bytes.Index(data, []byte(benchBegin)), bytes.Index(data, []byte(benchEnd))
+	var out []byte
+	if i >= 0 && j > i {
+		out = append(append(append([]byte{}, data[:i]...), block...), data[j+len(benchEnd):]...)
+	} else {
+		out = append(append(data, []byte("\n## Scenario suite\n\n")...), block+"\n"...)
+	}
+	return os.WriteFile(path, out, 0o644)
+}

@@ -1,0 +1,301 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+)
+
+const operatorNamespace = "adaptive-lb-system"
+
+// TestOperations_LeastPrivilegeAndFailover runs `adaptive-lb run` in-process as the ServiceAccount
+// bound to exactly config/rbac, against a real API server: the full mirror must work with those
+// rights alone (a missing verb makes it fail), and with two and three replicas the standby takes
+// over after a crash (no lease release) and after a graceful stop.
+// operatorEnv starts a real API server with the CRDs, applies config/rbac (after mutateRole edits
+// the ClusterRole, if given) and returns an admin client and a kubeconfig that acts as the
+// operator's ServiceAccount.
+func operatorEnv(t *testing.T, mutateRole func(*unstructured.Unstructured)) (client.Client, string) {
+	t.Helper()
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`")
+		}
+		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd")
+	}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases"), filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	scheme, err := operatorScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	mustCreate := func(o client.Object) {
+		t.Helper()
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+	mustCreate(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}})
+	applyDir(t, admin, filepath.Join("..", "..", "config", "rbac"), mutateRole)
+
+	// A kubeconfig that acts as the operator's ServiceAccount, nothing more.
+	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.Load(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range kc.AuthInfos {
+		a.Impersonate = "system:serviceaccount:" + operatorNamespace + ":adaptive-lb"
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "operator.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return admin, kubeconfig
+}
+
+func TestOperations_LeastPrivilegeAndFailover(t *testing.T) {
+	admin, kubeconfig := operatorEnv(t, nil)
+	ctx := context.Background()
+	mustCreate := func(o client.Object) {
+		t.Helper()
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatalf("create %T %s: %v", o, o.GetName(), err)
+		}
+	}
+
+	start := func(name string, release bool) (stop func(), logs *bytes.Buffer) {
+		t.Helper()
+		runCtx, cancel := context.WithCancel(ctx)
+		logs = &bytes.Buffer{}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			root := newRootCmd(io.Discard, logs)
+			root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--leader-elect", "--leader-election-namespace", operatorNamespace,
+				"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error",
+				"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
+				fmt.Sprintf("--leader-elect-release-on-cancel=%v", release)})
+			if err := root.ExecuteContext(runCtx); err != nil {
+				fmt.Fprintf(logs, "%s stopped: %v\n", name, err)
+			}
+		}()
+		return func() { cancel(); <-done }, logs
+	}
+
+	// The application: a Service with two ready pods.
+	app := "shop"
+	mustCreate(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: app}})
+	mustCreate(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: app}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"app": "web"},
+		Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}},
+	}})
+	for i := 1; i <= 3; i++ {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("web-%d", i), Namespace: app, Labels: map[string]string{"app": "web"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}}}
+		mustCreate(p)
+		p.Status = corev1.PodStatus{PodIP: fmt.Sprintf("10.9.0.%d", i), PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("10.9.0.%d", i)}}}
+		if err := admin.Status().Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: "web-x", Namespace: app, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
+	setReady := func(n int) {
+		t.Helper()
+		slice.Endpoints = nil
+		for i := 1; i <= n; i++ {
+			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.9.0.%d", i)},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Name: fmt.Sprintf("web-%d", i), Namespace: app}})
+		}
+		if slice.ResourceVersion == "" {
+			mustCreate(slice)
+		} else if err := admin.Update(ctx, slice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitForEndpoints := func(n int, logs ...*bytes.Buffer) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			se := &networkingv1.ServiceEntry{}
+			if err := admin.Get(ctx, types.NamespacedName{Namespace: app, Name: "web"}, se); err == nil && len(se.Spec.Endpoints) == n {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		var all []string
+		for _, l := range logs {
+			all = append(all, l.String())
+		}
+		t.Fatalf("the ServiceEntry never listed %d endpoints; operator logs:\n%s", n, strings.Join(all, "\n"))
+	}
+	holder := func() string {
+		lease := &coordinationv1.Lease{}
+		if err := admin.Get(ctx, types.NamespacedName{Namespace: operatorNamespace, Name: "adaptive-lb.adaptivelb.io"}, lease); err != nil {
+			return ""
+		}
+		return ptr.Deref(lease.Spec.HolderIdentity, "")
+	}
+
+	// Replica A leads; it will "crash" (stop without releasing its lease).
+	stopA, logsA := start("A", false)
+	setReady(1)
+	mustCreate(&adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: app}, Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"}}})
+	waitForEndpoints(1, logsA)
+	leaderA := holder()
+	if leaderA == "" {
+		t.Fatal("no leader lease held")
+	}
+	// Replica B waits as a warm standby.
+	stopB, logsB := start("B", true)
+	stopA()
+	setReady(2)
+	waitForEndpoints(2, logsA, logsB)
+	if h := holder(); h == leaderA || h == "" {
+		t.Fatalf("lease holder %q after the crash; want the standby", h)
+	}
+	// Replica C joins; B stops gracefully and releases the lease: C takes over.
+	stopC, logsC := start("C", true)
+	defer stopC()
+	stopB()
+	setReady(3)
+	waitForEndpoints(3, logsB, logsC)
+}
+
+// applyDir creates every object of every YAML file in dir except kustomization.yaml.
+func applyDir(t *testing.T, c client.Client, dir string, mutateRole func(*unstructured.Unstructured)) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if filepath.Base(f) == "kustomization.yaml" {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				if err == io.EOF {
+					break
+				}
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			if mutateRole != nil && u.GetKind() == "ClusterRole" && u.GetName() == "adaptive-lb" {
+				mutateRole(u)
+			}
+			if err := c.Create(context.Background(), u); err != nil {
+				t.Fatalf("apply %s %s from %s: %v", u.GetKind(), u.GetName(), f, err)
+			}
+		}
+	}
+}
+
+func TestOperations_AMissingVerbBreaksTheMirror(t *testing.T) {
+	// Without "create" on serviceentries the operator must fail visibly, which is what makes the
+	// least-privilege test above a real check of config/rbac.
+	admin, kubeconfig := operatorEnv(t, func(role *unstructured.Unstructured) {
+		rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+		for _, r := range rules {
+			rule := r.(map[string]any)
+			if fmt.Sprint(rule["apiGroups"]) == "[networking.istio.io]" {
+				var verbs []any
+				for _, v := range rule["verbs"].([]any) {
+					if v != "create" {
+						verbs = append(verbs, v)
+					}
+				}
+				rule["verbs"] = verbs
+			}
+		}
+		_ = unstructured.SetNestedSlice(role.Object, rules, "rules")
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		root := newRootCmd(io.Discard, io.Discard)
+		root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
+		_ = root.ExecuteContext(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"}, Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}},
+		&adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"}, Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"}}},
+	} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		alb := &adlbv1.AdaptiveLoadBalancer{}
+		if err := admin.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "web"}, alb); err == nil {
+			for _, c := range alb.Status.Conditions {
+				if c.Type == adlbv1.ConditionReady && c.Reason == adlbv1.ReasonWriteFailed && strings.Contains(c.Message, "forbidden") {
+					return
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("with create removed from the ClusterRole, Ready never reported WriteFailed/forbidden")
+}

@@ -1,0 +1,506 @@
+// Package controller holds the operator's reconcilers: the endpoint mirror that keeps one
+// ServiceEntry per AdaptiveLoadBalancer in step with the Service's ready endpoints.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	apinetworkingv1 "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// Labels the operator puts on the ServiceEntries it owns.
+const (
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedByValue = "adaptive-lb"
+	// ServiceEntryOwnerLabel names the AdaptiveLoadBalancer that owns a ServiceEntry.
+	ServiceEntryOwnerLabel = "adaptivelb.io/owner"
+)
+
+// Event reasons.
+const (
+	EventServiceEntryCreated = "ServiceEntryCreated"
+	EventServiceEntryDeleted = "ServiceEntryDeleted"
+	EventTargetNotFound      = adlbv1.ReasonTargetNotFound
+	EventUnsupported         = adlbv1.ReasonUnsupported
+	EventConflict            = adlbv1.ReasonConflict
+	EventNotOwned            = adlbv1.ReasonServiceEntryNotOwned
+	EventWriteFailed         = adlbv1.ReasonWriteFailed
+)
+
+// AdaptiveLoadBalancerReconciler mirrors a Service's ready endpoints into a ServiceEntry, keeping
+// the weights already in it. Membership changes are written at once; the weight cycle changes
+// weights through the same ServiceEntry.
+type AdaptiveLoadBalancerReconciler struct {
+	client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	Clock    clock.PassiveClock
+	Metrics  *Metrics
+	// ClusterDomain is the cluster's DNS domain (cluster.local by default).
+	ClusterDomain string
+
+	propagation     *propagationTracker
+	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
+	ownWrites       sync.Map // ServiceEntry key → resourceVersion of the operator's last write
+	// observePropagation, when set (benchmarks), also receives every propagation delay exactly.
+	observePropagation func(time.Duration)
+}
+
+// +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers,verbs=get;list;watch
+// +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=networking.istio.io,resources=serviceentries,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile brings one AdaptiveLoadBalancer's ServiceEntry and status in line with its Service.
+func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	logger := log.FromContext(ctx).WithValues("adaptiveLoadBalancer", req.NamespacedName)
+	ctx = log.IntoContext(ctx, logger)
+	eventAt, tracked := r.propagation.begin(req.NamespacedName)
+
+	alb := &adlbv1.AdaptiveLoadBalancer{}
+	if err := r.Get(ctx, req.NamespacedName, alb); err != nil {
+		// Deleted: the ServiceEntry goes with it through its owner reference.
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	logger = logger.WithValues("service", types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name})
+	ctx = log.IntoContext(ctx, logger)
+
+	outcome, err := r.mirror(ctx, alb)
+	if err != nil {
+		if tracked {
+			r.propagation.restore(req.NamespacedName, eventAt)
+		}
+		r.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
+		outcome = mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: err.Error(), keepEndpoints: true}
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
+	} else if tracked {
+		d := r.Clock.Since(eventAt)
+		r.Metrics.EndpointPropagation.Observe(d.Seconds())
+		if r.observePropagation != nil {
+			r.observePropagation(d)
+		}
+	}
+	later, statusErr := r.writeStatus(ctx, alb, outcome)
+	if statusErr != nil {
+		r.Metrics.ReconcileErrors.WithLabelValues("status").Inc()
+		return ctrl.Result{}, errors.Join(err, statusErr)
+	}
+	// Returning the error requeues with controller-runtime's exponential back-off.
+	return ctrl.Result{RequeueAfter: later}, err
+}
+
+// statusEndpointInterval spaces status writes that only refresh the endpoint list. Under endpoint
+// churn the ServiceEntry is written at once while the status, which nothing routes by, follows
+// at most once per interval, keeping the API server free for the latency-critical writes.
+const statusEndpointInterval = 10 * time.Second
+
+// mirrorOutcome is what the mirror did, for the status.
+type mirrorOutcome struct {
+	status        metav1.ConditionStatus
+	reason        string
+	message       string
+	serviceEntry  string
+	endpoints     []istio.Endpoint
+	keepEndpoints bool // an API failure: leave the last reported endpoints in status
+	wroteWeights  bool
+}
+
+func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (mirrorOutcome, error) {
+	if winner, err := r.conflictWinner(ctx, alb); err != nil {
+		return mirrorOutcome{}, err
+	} else if winner != "" {
+		msg := fmt.Sprintf("AdaptiveLoadBalancer %s already targets Service %s; only the oldest one is served. Delete one of them.", winner, alb.Spec.TargetRef.Name)
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventConflict, msg)
+		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonConflict, message: msg}, nil
+	}
+
+	svc := &corev1.Service{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, svc)
+	if apierrors.IsNotFound(err) {
+		// A ServiceEntry for a Service that is gone would keep routing to pods that are gone too.
+		if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+			return mirrorOutcome{}, err
+		}
+		msg := fmt.Sprintf("Service %s/%s not found; create it or fix spec.targetRef.name", alb.Namespace, alb.Spec.TargetRef.Name)
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventTargetNotFound, msg)
+		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonTargetNotFound, message: msg}, nil
+	}
+	if err != nil {
+		return mirrorOutcome{}, fmt.Errorf("get Service %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	if err := istio.CheckSupported(svc); err != nil {
+		if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+			return mirrorOutcome{}, err
+		}
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventUnsupported, err.Error())
+		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonUnsupported, message: err.Error()}, nil
+	}
+
+	existing := &networkingv1.ServiceEntry{}
+	err = r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: svc.Name}, existing)
+	switch {
+	case apierrors.IsNotFound(err):
+		existing = nil
+	case err != nil:
+		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, svc.Name, err)
+	case !metav1.IsControlledBy(existing, alb):
+		msg := fmt.Sprintf("ServiceEntry %s/%s exists and is not owned by this AdaptiveLoadBalancer; adaptive-lb never overwrites it. Rename or delete it to let adaptive-lb manage the Service.", existing.Namespace, existing.Name)
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventNotOwned, msg)
+		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonServiceEntryNotOwned, message: msg}, nil
+	}
+
+	in, err := r.gather(ctx, alb, svc, existing)
+	if err != nil {
+		return mirrorOutcome{}, err
+	}
+	spec, endpoints, err := istio.Build(in)
+	if errors.Is(err, istio.ErrUnsupported) || errors.Is(err, istio.ErrNoPorts) {
+		reason := adlbv1.ReasonUnsupported
+		if errors.Is(err, istio.ErrNoPorts) {
+			reason = adlbv1.ReasonNoPorts
+		}
+		r.Recorder.Event(alb, corev1.EventTypeWarning, reason, err.Error())
+		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
+	}
+	if err != nil {
+		return mirrorOutcome{}, err
+	}
+	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
+		return mirrorOutcome{}, err
+	}
+	return mirrorOutcome{
+		status:       metav1.ConditionTrue,
+		reason:       adlbv1.ReasonMirrored,
+		message:      fmt.Sprintf("ServiceEntry %s mirrors %d ready endpoints of Service %s", svc.Name, len(endpoints), svc.Name),
+		serviceEntry: svc.Name,
+		endpoints:    endpoints,
+	}, nil
+}
+
+// conflictWinner returns the name of an older AdaptiveLoadBalancer targeting the same Service,
+// or "" when this one is the oldest (ties broken by name, so every replica agrees).
+func (r *AdaptiveLoadBalancerReconciler) conflictWinner(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (string, error) {
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexTargetName: alb.Spec.TargetRef.Name}); err != nil {
+		return "", fmt.Errorf("list AdaptiveLoadBalancers targeting %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	for _, other := range list.Items {
+		if other.UID == alb.UID {
+			continue
+		}
+		if older(&other, alb) {
+			return other.Name, nil
+		}
+	}
+	return "", nil
+}
+
+func older(a, b *adlbv1.AdaptiveLoadBalancer) bool {
+	if !a.CreationTimestamp.Equal(&b.CreationTimestamp) {
+		return a.CreationTimestamp.Before(&b.CreationTimestamp)
+	}
+	return a.Name < b.Name
+}
+
+// gather collects the builder's input from the informer caches: no API calls, no lists beyond
+// indexed lookups.
+func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing *networkingv1.ServiceEntry) (istio.Input, error) {
+	var slices discoveryv1.EndpointSliceList
+	if err := r.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingFields{indexSliceService: svc.Name}); err != nil {
+		return istio.Input{}, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", svc.Namespace, svc.Name, err)
+	}
+	in := istio.Input{
+		Service:       svc,
+		Pods:          map[string]*corev1.Pod{},
+		Nodes:         map[string]*corev1.Node{},
+		ClusterDomain: r.ClusterDomain,
+		Ports:         alb.Spec.Ports,
+		ExportTo:      alb.Spec.ExportTo,
+	}
+	for i := range slices.Items {
+		s := &slices.Items[i]
+		in.Slices = append(in.Slices, s)
+		for _, ep := range s.Endpoints {
+			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			if _, done := in.Pods[ep.TargetRef.Name]; done {
+				continue
+			}
+			pod := &corev1.Pod{}
+			err := r.Get(ctx, types.NamespacedName{Namespace: svc.Namespace, Name: ep.TargetRef.Name}, pod)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return istio.Input{}, fmt.Errorf("get Pod %s/%s: %w", svc.Namespace, ep.TargetRef.Name, err)
+			}
+			in.Pods[pod.Name] = pod
+			if pod.Spec.NodeName != "" {
+				if _, done := in.Nodes[pod.Spec.NodeName]; !done {
+					node := &corev1.Node{}
+					if err := r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node); err == nil {
+						in.Nodes[node.Name] = node
+					} else if !apierrors.IsNotFound(err) {
+						return istio.Input{}, fmt.Errorf("get Node %s: %w", pod.Spec.NodeName, err)
+					}
+				}
+			}
+		}
+	}
+	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods)
+	return in, nil
+}
+
+// currentWeights keeps the weights the ServiceEntry already carries: the ServiceEntry is the
+// record of the applied weights, so a membership change never undoes a weight cycle. A new pod
+// gets the median of the current weights; in DryRun, and before any weight cycle, all weights
+// are equal.
+func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod) (map[string]uint32, uint32) {
+	equal := uint32(EqualWeight(alb))
+	if existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun {
+		return nil, equal
+	}
+	byIP := map[string]uint32{}
+	var all []int
+	for _, e := range existing.Spec.Endpoints {
+		if e.Weight > 0 {
+			byIP[e.Address] = e.Weight
+			all = append(all, int(e.Weight))
+		}
+	}
+	if len(all) == 0 {
+		return nil, equal
+	}
+	sort.Ints(all)
+	med := uint32(all[len(all)/2])
+	out := map[string]uint32{}
+	for name, pod := range pods {
+		for _, ip := range podIPs(pod) {
+			if w, ok := byIP[ip]; ok {
+				out[name] = w
+			}
+		}
+	}
+	return out, med
+}
+
+func podIPs(pod *corev1.Pod) []string {
+	var ips []string
+	for _, ip := range pod.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	if len(ips) == 0 && pod.Status.PodIP != "" {
+		ips = append(ips, pod.Status.PodIP)
+	}
+	return ips
+}
+
+// EqualWeight is the weight every endpoint gets when weights are equal, for the spec's algorithm.
+func EqualWeight(alb *adlbv1.AdaptiveLoadBalancer) int {
+	s, err := EngineSettings(alb)
+	if err != nil {
+		s = weights.DefaultSettings(weights.AlgorithmCapacity)
+	}
+	return s.EqualWeight()
+}
+
+// apply creates or updates the ServiceEntry when, and only when, the desired spec differs.
+func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry, reason string) error {
+	name := alb.Spec.TargetRef.Name
+	if existing == nil {
+		se := &networkingv1.ServiceEntry{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:      name,
+				Namespace: alb.Namespace,
+				Labels:    map[string]string{ManagedByLabel: ManagedByValue, ServiceEntryOwnerLabel: alb.Name},
+			},
+		}
+		proto.Merge(&se.Spec, spec)
+		if err := controllerutil.SetControllerReference(alb, se, r.Scheme); err != nil {
+			return fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+		}
+		if err := r.Create(ctx, se); err != nil {
+			return fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+		}
+		r.ownWrites.Store(client.ObjectKeyFromObject(se), se.ResourceVersion)
+		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
+		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
+		return nil
+	}
+	if proto.Equal(&existing.Spec, spec) && existing.Labels[ManagedByLabel] == ManagedByValue {
+		return nil
+	}
+	// A merge patch of the spec needs no resourceVersion: the informer cache often lags our own
+	// previous write under endpoint churn, and an optimistic update would then cost a conflict
+	// and a retry on the latency-critical path. Writes to one ServiceEntry are already serialised
+	// (one reconcile per key at a time, one leader), so nothing is lost.
+	base := existing.DeepCopy()
+	updated := existing.DeepCopy()
+	updated.Spec.Reset()
+	proto.Merge(&updated.Spec, spec)
+	if updated.Labels == nil {
+		updated.Labels = map[string]string{}
+	}
+	updated.Labels[ManagedByLabel] = ManagedByValue
+	updated.Labels[ServiceEntryOwnerLabel] = alb.Name
+	if err := r.Patch(ctx, updated, client.MergeFrom(base)); err != nil {
+		return fmt.Errorf("patch ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+	}
+	r.ownWrites.Store(client.ObjectKeyFromObject(updated), updated.ResourceVersion)
+	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
+	return nil
+}
+
+func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) error {
+	se := &networkingv1.ServiceEntry{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	if !metav1.IsControlledBy(se, alb) {
+		return nil
+	}
+	if err := r.Delete(ctx, se); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
+	}
+	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: its Service cannot be mirrored", se.Name)
+	return nil
+}
+
+// writeStatus computes the conditions and endpoint list and writes status once, only if it
+// changed. A change of the endpoint list alone is written at most once per
+// statusEndpointInterval; it then returns how long to wait before the deferred write.
+func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) (time.Duration, error) {
+	now := metav1.NewTime(r.Clock.Now())
+	status := alb.Status.DeepCopy()
+	gen := alb.Generation
+	status.ObservedGeneration = gen
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen})
+	if meta.FindStatusCondition(status.Conditions, adlbv1.ConditionMetricsAvailable) == nil {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionUnknown, Reason: adlbv1.ReasonAwaitingMetrics, Message: "no weight cycle has fetched metrics for this Service yet", ObservedGeneration: gen})
+	}
+	if c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); c == nil || c.ObservedGeneration != gen {
+		wc := metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonEqualWeights, Message: "endpoints carry equal weights until a weight cycle runs", ObservedGeneration: gen}
+		if alb.Spec.Mode == adlbv1.ModeDryRun {
+			wc = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDryRun, Message: "mode is DryRun: weights are computed and published, never written", ObservedGeneration: gen}
+		}
+		if c != nil && c.Reason != adlbv1.ReasonEqualWeights && c.Reason != adlbv1.ReasonDryRun && alb.Spec.Mode != adlbv1.ModeDryRun {
+			wc = *c
+			wc.ObservedGeneration = gen
+		}
+		meta.SetStatusCondition(&status.Conditions, wc)
+	}
+	ready := metav1.Condition{Type: adlbv1.ConditionReady, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen}
+	meta.SetStatusCondition(&status.Conditions, ready)
+	if !o.keepEndpoints {
+		status.ServiceEntry = o.serviceEntry
+		status.EndpointCount = int32(len(o.endpoints))
+		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now)
+	}
+	if apiequality.Semantic.DeepEqual(&alb.Status, status) {
+		return 0, nil
+	}
+	key := client.ObjectKeyFromObject(alb)
+	if endpointsOnly(&alb.Status, status) {
+		if last, ok := r.lastStatusWrite.Load(key); ok {
+			if wait := statusEndpointInterval - r.Clock.Since(last.(time.Time)); wait > 0 {
+				return wait, nil
+			}
+		}
+	}
+	patchBase := alb.DeepCopy()
+	alb.Status = *status
+	if err := r.Status().Patch(ctx, alb, client.MergeFrom(patchBase)); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("update status of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+	}
+	r.lastStatusWrite.Store(key, r.Clock.Now())
+	return 0, nil
+}
+
+// endpointsOnly reports whether two statuses differ only in the mirrored endpoint list.
+func endpointsOnly(old, updated *adlbv1.AdaptiveLoadBalancerStatus) bool {
+	a, b := old.DeepCopy(), updated.DeepCopy()
+	for _, s := range []*adlbv1.AdaptiveLoadBalancerStatus{a, b} {
+		s.Endpoints, s.EndpointCount, s.EndpointsTruncated = nil, 0, false
+	}
+	return apiequality.Semantic.DeepEqual(a, b)
+}
+
+// endpointStatus lists the mirrored endpoints, keeping each one's LastChange while its weight holds.
+func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now metav1.Time) ([]adlbv1.EndpointStatus, bool) {
+	prev := make(map[string]adlbv1.EndpointStatus, len(previous))
+	for _, p := range previous {
+		prev[p.IP] = p
+	}
+	n := min(len(eps), adlbv1.MaxStatusEndpoints)
+	out := make([]adlbv1.EndpointStatus, 0, n)
+	for _, e := range eps[:n] {
+		w := int32(min(e.Weight, math.MaxInt32))
+		st := adlbv1.EndpointStatus{Pod: e.Pod, IP: e.IP, Zone: e.Zone, Weight: w, LastChange: &now}
+		if p, ok := prev[e.IP]; ok && p.Weight == w && p.Pod == e.Pod {
+			st.LastChange = p.LastChange
+			st.Reason = p.Reason
+		}
+		out = append(out, st)
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, len(eps) > n
+}
+
+func errorReason(err error) string {
+	switch {
+	case apierrors.IsConflict(err):
+		return "conflict"
+	case apierrors.IsTooManyRequests(err):
+		return "throttled"
+	case apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case apierrors.IsForbidden(err):
+		return "forbidden"
+	case apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err):
+		return "server_error"
+	}
+	return "other"
+}
+
+// requeueAfterError bounds how long a failed reconcile may wait; controller-runtime's rate
+// limiter already backs off exponentially up to this.
+const requeueAfterError = 5 * time.Minute

@@ -1,0 +1,349 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apinetworkingv1 "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+)
+
+func TestMirror_ServiceEntryMatchesTheServiceExactly(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.1.0.1")
+	f.pod("web", "web-2", "10.1.0.2")
+	f.slice("web", "web-abc", ready("web-1", "10.1.0.1"), ready("web-2", "10.1.0.2"))
+	alb := f.alb("web", "web")
+
+	se := f.waitForAddresses("web", "10.1.0.1", "10.1.0.2")
+	spec := &se.Spec
+	if got := spec.Hosts; len(got) != 1 || got[0] != "web."+f.ns+".svc.cluster.local" {
+		t.Fatalf("hosts %v", got)
+	}
+	if spec.Location != apinetworkingv1.ServiceEntry_MESH_INTERNAL || spec.Resolution != apinetworkingv1.ServiceEntry_STATIC {
+		t.Fatalf("location %v resolution %v", spec.Location, spec.Resolution)
+	}
+	if len(spec.Ports) != 2 || spec.Ports[0].Name != "http-web" || spec.Ports[0].Number != 80 || spec.Ports[0].Protocol != "HTTP" ||
+		spec.Ports[1].Name != "grpc" || spec.Ports[1].Number != 9090 || spec.Ports[1].Protocol != "GRPC" || spec.Ports[1].TargetPort != 9091 {
+		t.Fatalf("ports %v", spec.Ports)
+	}
+	for _, e := range spec.Endpoints {
+		if e.Ports["http-web"] != 8080 || e.Ports["grpc"] != 9091 {
+			t.Errorf("%s target ports %v, want http-web→8080 grpc→9091", e.Address, e.Ports)
+		}
+		if e.Labels["app"] != "web" || e.Labels["version"] != "v1" || e.Labels["security.istio.io/tlsMode"] != "istio" {
+			t.Errorf("%s labels %v", e.Address, e.Labels)
+		}
+		if e.ServiceAccount != "web-sa" || e.Locality != "eu-west/eu-west-1a" || e.Weight != 100 {
+			t.Errorf("%s serviceAccount %q locality %q weight %d", e.Address, e.ServiceAccount, e.Locality, e.Weight)
+		}
+	}
+	owner := metav1.GetControllerOf(se)
+	if owner == nil || owner.UID != alb.UID || owner.Kind != "AdaptiveLoadBalancer" || !ptr.Deref(owner.BlockOwnerDeletion, false) {
+		t.Fatalf("controller owner %+v: deleting the AdaptiveLoadBalancer must garbage-collect the ServiceEntry", owner)
+	}
+	if se.Labels[ManagedByLabel] != ManagedByValue {
+		t.Fatalf("labels %v", se.Labels)
+	}
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	f.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics)
+	f.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonEqualWeights)
+	f.eventually("status lists both endpoints", func() error {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(alb), a); err != nil {
+			return err
+		}
+		if a.Status.EndpointCount != 2 || len(a.Status.Endpoints) != 2 || a.Status.Endpoints[0].Pod != "web-1" ||
+			a.Status.Endpoints[0].Zone != "eu-west-1a" || a.Status.Endpoints[0].Weight != 100 || a.Status.ServiceEntry != "web" {
+			return fmt.Errorf("status %+v", a.Status)
+		}
+		return nil
+	})
+}
+
+func TestMirror_PodLeavesAtEachStepOfItsShutdown(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	for i := 1; i <= 3; i++ {
+		f.pod("web", fmt.Sprintf("web-%d", i), fmt.Sprintf("10.2.0.%d", i))
+	}
+	all := []sliceEndpoint{ready("web-1", "10.2.0.1"), ready("web-2", "10.2.0.2"), ready("web-3", "10.2.0.3")}
+	f.slice("web", "web-x", all...)
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.2.0.1", "10.2.0.2", "10.2.0.3")
+
+	// web-1 fails its readiness probe.
+	f.slice("web", "web-x", sliceEndpoint{pod: "web-1", ip: "10.2.0.1"}, all[1], all[2])
+	f.waitForAddresses("web", "10.2.0.2", "10.2.0.3")
+	// web-2 starts terminating while still serving its in-flight requests.
+	f.slice("web", "web-x", sliceEndpoint{pod: "web-1", ip: "10.2.0.1"}, sliceEndpoint{pod: "web-2", ip: "10.2.0.2", serving: true, terminating: true}, all[2])
+	f.waitForAddresses("web", "10.2.0.3")
+	// web-1 comes back.
+	f.slice("web", "web-x", all[0], sliceEndpoint{pod: "web-2", ip: "10.2.0.2", serving: true, terminating: true}, all[2])
+	f.waitForAddresses("web", "10.2.0.1", "10.2.0.3")
+	// web-3 is deleted: the pod event alone removes it, before its slice is updated.
+	if err := k8s.Delete(f.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-3", Namespace: f.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitForAddresses("web", "10.2.0.1")
+}
+
+func TestMirror_ScaleFromZeroToFiftyAndBack(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.slice("web", "web-x")
+	f.alb("web", "web")
+	f.eventually("empty ServiceEntry", func() error {
+		se, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		if len(se.Spec.Endpoints) != 0 {
+			return fmt.Errorf("%d endpoints", len(se.Spec.Endpoints))
+		}
+		return nil
+	})
+	var eps []sliceEndpoint
+	var ips []string
+	for i := 0; i < 50; i++ {
+		name, ip := fmt.Sprintf("web-%02d", i), fmt.Sprintf("10.3.%d.%d", i/200, i%200+1)
+		f.pod("web", name, ip)
+		eps = append(eps, ready(name, ip))
+		ips = append(ips, ip)
+	}
+	// The endpointslice controller caps slices at 100 endpoints; split 30/20 to exercise two slices.
+	f.slice("web", "web-x", eps[:30]...)
+	f.slice("web", "web-y", eps[30:]...)
+	f.waitForAddresses("web", ips...)
+	f.slice("web", "web-x")
+	f.slice("web", "web-y")
+	f.waitForAddresses("web")
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
+
+func TestMirror_WritesNothingWhenNothingChanged(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.4.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.4.0.1"))
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.4.0.1")
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+
+	before := seWrites.Load()
+	// Events that reach the reconciler but change nothing in the ServiceEntry: a Service
+	// annotation, a re-written identical slice, an unrelated pod annotation.
+	svc := &corev1.Service{}
+	if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Annotations = map[string]string{"touched": "yes"}
+	if err := k8s.Update(f.ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	f.slice("web", "web-x", ready("web-1", "10.4.0.1"))
+	// A real change in another Service proves the operator kept working meanwhile.
+	f.service("other")
+	f.pod("other", "other-1", "10.4.1.1")
+	f.slice("other", "other-x", ready("other-1", "10.4.1.1"))
+	f.alb("other", "other")
+	f.waitForAddresses("other", "10.4.1.1")
+	// Exactly one write happened since: the creation of "other"'s ServiceEntry.
+	if got := seWrites.Load() - before; got != 1 {
+		t.Fatalf("%d ServiceEntry writes, want 1 (only the new Service's create)", got)
+	}
+}
+
+func TestMirror_RevertsAForeignEditAndKeepsWeights(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.5.0.1")
+	f.pod("web", "web-2", "10.5.0.2")
+	f.slice("web", "web-x", ready("web-1", "10.5.0.1"), ready("web-2", "10.5.0.2"))
+	f.alb("web", "web")
+	se := f.waitForAddresses("web", "10.5.0.1", "10.5.0.2")
+
+	// Someone edits the owned ServiceEntry: drops an endpoint and changes a label.
+	se.Spec.Endpoints = se.Spec.Endpoints[:1]
+	se.Spec.Endpoints[0].Labels["app"] = "hacked"
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the edit is reverted", func() error {
+		got, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		if len(got.Spec.Endpoints) != 2 || got.Spec.Endpoints[0].Labels["app"] != "web" {
+			return fmt.Errorf("endpoints %v", got.Spec.Endpoints)
+		}
+		return nil
+	})
+
+	// A weight written by the weight cycle survives a membership change, and a new pod gets the
+	// median of the current weights.
+	se, _ = f.serviceEntry("web")
+	se.Spec.Endpoints[0].Weight = 300
+	se.Spec.Endpoints[1].Weight = 50
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	f.pod("web", "web-3", "10.5.0.3")
+	f.slice("web", "web-x", ready("web-1", "10.5.0.1"), ready("web-2", "10.5.0.2"), ready("web-3", "10.5.0.3"))
+	se = f.waitForAddresses("web", "10.5.0.1", "10.5.0.2", "10.5.0.3")
+	weights := map[string]uint32{}
+	for _, e := range se.Spec.Endpoints {
+		weights[e.Address] = e.Weight
+	}
+	if weights["10.5.0.1"] != 300 || weights["10.5.0.2"] != 50 || weights["10.5.0.3"] != 300 {
+		t.Fatalf("weights %v: want the existing 300 and 50 kept and the new pod at the median 300", weights)
+	}
+}
+
+func TestMirror_ConditionsInsteadOfCrashes(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+
+	// The Service does not exist yet, then appears, then is deleted and re-created.
+	f.alb("late", "late")
+	c := f.waitForCondition("late", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonTargetNotFound)
+	if !strings.Contains(c.Message, "Service "+f.ns+"/late not found") {
+		t.Fatalf("message %q", c.Message)
+	}
+	f.service("late")
+	f.pod("late", "late-1", "10.6.0.1")
+	f.slice("late", "late-x", ready("late-1", "10.6.0.1"))
+	f.waitForAddresses("late", "10.6.0.1")
+	f.waitForCondition("late", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	if err := k8s.Delete(f.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: f.ns}}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitForCondition("late", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonTargetNotFound)
+	f.eventually("ServiceEntry of a deleted Service removed", func() error {
+		if _, err := f.serviceEntry("late"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (err %v)", err)
+		}
+		return nil
+	})
+	f.service("late")
+	f.waitForAddresses("late", "10.6.0.1")
+
+	// Unsupported Services.
+	for name, mutate := range map[string]func(*corev1.Service){
+		"headless":    func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone },
+		"no-selector": func(s *corev1.Service) { s.Spec.Selector = nil },
+		"external": func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			s.Spec.ExternalName = "example.com"
+			s.Spec.Selector = nil
+		},
+	} {
+		f.service(name, mutate)
+		f.alb(name, name)
+		f.waitForCondition(name, adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonUnsupported)
+		if _, err := f.serviceEntry(name); !apierrors.IsNotFound(err) {
+			t.Fatalf("%s: a ServiceEntry was created for an unsupported Service (err %v)", name, err)
+		}
+	}
+
+	// Two AdaptiveLoadBalancers on one Service: the older wins, the newer reports Conflict.
+	f.service("shared")
+	f.alb("first", "shared")
+	f.waitForCondition("first", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
+	f.alb("second", "shared")
+	c = f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonConflict)
+	if !strings.Contains(c.Message, "AdaptiveLoadBalancer first already targets Service shared") {
+		t.Fatalf("message %q", c.Message)
+	}
+	f.waitForCondition("first", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+
+	// A user's own ServiceEntry with the name adaptive-lb would use is never overwritten.
+	f.service("mine")
+	users := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "mine", Namespace: f.ns}}
+	users.Spec.Hosts = []string{"mine.example.com"}
+	users.Spec.Resolution = apinetworkingv1.ServiceEntry_DNS
+	f.create(users)
+	f.alb("mine", "mine")
+	f.waitForCondition("mine", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonServiceEntryNotOwned)
+	got, err := f.serviceEntry("mine")
+	if err != nil || got.Spec.Hosts[0] != "mine.example.com" || metav1.GetControllerOf(got) != nil {
+		t.Fatalf("the user's ServiceEntry was modified: %v (err %v)", got.Spec.Hosts, err)
+	}
+
+	// Selecting ports the Service does not have.
+	f.service("ports")
+	f.alb("ports", "ports", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Ports = []int32{443} })
+	f.waitForCondition("ports", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonNoPorts)
+}
+
+func TestMirror_DeletingTheAdaptiveLoadBalancerLeavesItToGarbageCollection(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.7.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.7.0.1"))
+	alb := f.alb("web", "web")
+	se := f.waitForAddresses("web", "10.7.0.1")
+	// envtest runs no garbage collector; what the collector needs is the controller reference
+	// with blockOwnerDeletion, asserted here, and the operator must not recreate the ServiceEntry
+	// once its owner is gone.
+	if ref := metav1.GetControllerOf(se); ref == nil || ref.UID != alb.UID {
+		t.Fatalf("owner %v", ref)
+	}
+	if err := k8s.Delete(f.ctx, alb); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Delete(f.ctx, se); err != nil { // what the garbage collector would do
+		t.Fatal(err)
+	}
+	f.slice("web", "web-x", ready("web-1", "10.7.0.1"), sliceEndpoint{pod: "web-2", ip: "10.7.0.2"})
+	f.service("canary") // a later event the operator processes
+	f.alb("canary", "canary")
+	f.eventually("canary mirrored", func() error { _, err := f.serviceEntry("canary"); return err })
+	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
+		t.Fatalf("the ServiceEntry of a deleted AdaptiveLoadBalancer came back (err %v)", err)
+	}
+}
+
+func TestMirror_DualStackSlices(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.8.0.1")
+	f.slice("web", "web-v4", ready("web-1", "10.8.0.1"))
+	v6 := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-v6", Namespace: f.ns, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		AddressType: discoveryv1.AddressTypeIPv6,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http-web"), Port: ptr.To[int32](8080)}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"fd00::1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "web-1", Namespace: f.ns}}},
+	}
+	f.create(v6)
+	f.alb("web", "web")
+	se := f.waitForAddresses("web", "10.8.0.1", "fd00::1")
+	for _, e := range se.Spec.Endpoints {
+		if e.Address == "fd00::1" && (len(e.Ports) != 1 || e.Ports["http-web"] != 8080) {
+			t.Fatalf("IPv6 endpoint ports %v: only the ports its slice carries", e.Ports)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package controller
+
+import (
+	"fmt"
+	"strconv"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// EngineSettings turns an AdaptiveLoadBalancer's spec into weight-engine settings: the
+// algorithm's documented defaults (weights.DefaultSettings), overridden field by field.
+func EngineSettings(alb *adlbv1.AdaptiveLoadBalancer) (weights.Settings, error) {
+	alg := weights.AlgorithmCapacity
+	if alb.Spec.Algorithm != "" {
+		a, err := weights.ParseAlgorithm(string(alb.Spec.Algorithm))
+		if err != nil {
+			return weights.Settings{}, fmt.Errorf("spec.algorithm: %w", err)
+		}
+		alg = a
+	}
+	s := weights.DefaultSettings(alg)
+	if alb.Spec.MinWeight != nil {
+		s.MinWeight = int(*alb.Spec.MinWeight)
+	}
+	if alb.Spec.MaxWeight != nil {
+		s.MaxWeight = int(*alb.Spec.MaxWeight)
+	}
+	// The capacity scale must stay inside the user's range.
+	if s.Capacity.MedianWeight < s.MinWeight || s.Capacity.MedianWeight > s.MaxWeight {
+		s.Capacity.MedianWeight = (s.MinWeight + s.MaxWeight) / 2
+	}
+	set := func(field string, d *adlbv1.Decimal, target *float64) error {
+		if d == nil {
+			return nil
+		}
+		v, err := strconv.ParseFloat(string(*d), 64)
+		if err != nil {
+			return fmt.Errorf("%s %q is not a decimal number", field, string(*d))
+		}
+		*target = v
+		return nil
+	}
+	if c := alb.Spec.Capacity; c != nil {
+		for _, f := range []struct {
+			name string
+			d    *adlbv1.Decimal
+			t    *float64
+		}{
+			{"spec.capacity.gain", c.Gain, &s.Capacity.Gain},
+			{"spec.capacity.maxStepRatio", c.MaxStepRatio, &s.Capacity.MaxStepRatio},
+			{"spec.capacity.maxWeightRatio", c.MaxWeightRatio, &s.Capacity.MaxWeightRatio},
+			{"spec.capacity.deadBand", c.DeadBand, &s.Capacity.DeadBand},
+			{"spec.capacity.minRequestRate", c.MinRequestRate, &s.Capacity.MinRequestRate},
+			{"spec.capacity.planningLoadFactor", c.PlanningLoadFactor, &s.Capacity.PlanningLoadFactor},
+		} {
+			if err := set(f.name, f.d, f.t); err != nil {
+				return weights.Settings{}, err
+			}
+		}
+	}
+	if c := alb.Spec.CPUDistance; c != nil {
+		if err := set("spec.cpuDistance.k", c.K, &s.CPUDistance.K); err != nil {
+			return weights.Settings{}, err
+		}
+		if err := set("spec.cpuDistance.deadBand", c.DeadBand, &s.CPUDistance.DeadBand); err != nil {
+			return weights.Settings{}, err
+		}
+	}
+	if err := s.Validate(); err != nil {
+		return weights.Settings{}, fmt.Errorf("AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+	}
+	return s, nil
+}

@@ -1,0 +1,227 @@
+package controller
+
+import (
+	"context"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+)
+
+// Cache indexes: lookups by index instead of lists, which matters at 200,000 pods.
+const (
+	indexTargetName   = "spec.targetRef.name"
+	indexSliceService = "metadata.labels.service-name"
+	indexPodIP        = "status.podIP"
+)
+
+// SetupIndexes registers the cache indexes the reconciler queries.
+func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &adlbv1.AdaptiveLoadBalancer{}, indexTargetName, func(o client.Object) []string {
+		return []string{o.(*adlbv1.AdaptiveLoadBalancer).Spec.TargetRef.Name}
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, indexPodIP, func(o client.Object) []string {
+		var ips []string
+		for _, ip := range o.(*corev1.Pod).Status.PodIPs {
+			ips = append(ips, ip.IP)
+		}
+		if len(ips) == 0 && o.(*corev1.Pod).Status.PodIP != "" {
+			ips = append(ips, o.(*corev1.Pod).Status.PodIP)
+		}
+		return ips
+	}); err != nil {
+		return err
+	}
+	return mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, indexSliceService, func(o client.Object) []string {
+		if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
+			return []string{name}
+		}
+		return nil
+	})
+}
+
+// SetupWithManager wires the reconciler to the events that can change a ServiceEntry.
+func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, workers int) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
+	if r.ClusterDomain == "" {
+		r.ClusterDomain = "cluster.local"
+	}
+	r.propagation = newPropagationTracker()
+	if err := SetupIndexes(ctx, mgr); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("adaptiveloadbalancer").
+		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
+		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
+		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: workers,
+			// Fast first retries for transient API errors, bounded for persistent ones.
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, requeueAfterError),
+		}).
+		Complete(r)
+}
+
+// forService maps a Service to the AdaptiveLoadBalancers that target it.
+func (r *AdaptiveLoadBalancerReconciler) forService(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.targeting(ctx, o.GetNamespace(), o.GetName())
+}
+
+func (r *AdaptiveLoadBalancerReconciler) targeting(ctx context.Context, namespace, service string) []reconcile.Request {
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := r.List(ctx, &list, client.InNamespace(namespace), client.MatchingFields{indexTargetName: service}); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, alb := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
+	}
+	return reqs
+}
+
+// sliceHandler enqueues the owners of a changed EndpointSlice's Service and notes when the change
+// arrived, for adaptivelb_endpoint_propagation_seconds.
+func (r *AdaptiveLoadBalancerReconciler) sliceHandler() handler.EventHandler {
+	enqueue := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		service := o.GetLabels()[discoveryv1.LabelServiceName]
+		if service == "" {
+			return
+		}
+		now := r.Clock.Now()
+		for _, req := range r.targeting(ctx, o.GetNamespace(), service) {
+			r.propagation.observed(req.NamespacedName, now)
+			q.Add(req)
+		}
+	}
+	return handler.TypedFuncs[client.Object, reconcile.Request]{
+		CreateFunc: func(ctx context.Context, e event.TypedCreateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.TypedUpdateEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.ObjectNew, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.TypedDeleteEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.TypedGenericEvent[client.Object], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+	}
+}
+
+// forPod maps a pod to the AdaptiveLoadBalancers of the Services that select it.
+func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Object) []reconcile.Request {
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, alb := range list.Items {
+		svc := &corev1.Service{}
+		if err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, svc); err != nil {
+			continue
+		}
+		if len(svc.Spec.Selector) > 0 && labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(o.GetLabels())) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
+		}
+	}
+	return reqs
+}
+
+// forNode re-mirrors every AdaptiveLoadBalancer when a node's topology labels change, which is
+// rare; the locality of its pods' endpoints depends on them.
+func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := r.List(ctx, &list); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, alb := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
+	}
+	return reqs
+}
+
+// podChanged passes the pod events that can change a ServiceEntry: labels (subsets), deletion
+// (leave at once), IPs, readiness, node placement and sidecar annotations.
+func podChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			oldPod, ok1 := e.ObjectOld.(*corev1.Pod)
+			newPod, ok2 := e.ObjectNew.(*corev1.Pod)
+			if !ok1 || !ok2 {
+				return true
+			}
+			return !labels.Equals(oldPod.Labels, newPod.Labels) ||
+				oldPod.DeletionTimestamp.IsZero() != newPod.DeletionTimestamp.IsZero() ||
+				oldPod.Status.PodIP != newPod.Status.PodIP ||
+				oldPod.Spec.NodeName != newPod.Spec.NodeName ||
+				oldPod.Spec.ServiceAccountName != newPod.Spec.ServiceAccountName ||
+				podReady(oldPod) != podReady(newPod) ||
+				oldPod.Annotations["sidecar.istio.io/status"] != newPod.Annotations["sidecar.istio.io/status"]
+		},
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func topologyChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return false },
+		DeleteFunc: func(event.DeleteEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			for _, k := range []string{"topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone"} {
+				if e.ObjectOld.GetLabels()[k] != e.ObjectNew.GetLabels()[k] {
+					return true
+				}
+			}
+			return false
+		},
+	}
+}
+
+// notOwnWrite drops the watch event of the operator's own last ServiceEntry write: reconciling it
+// would find nothing to do and only take a worker from the next endpoint change. Anyone else's
+// edit has another resourceVersion and is reconciled (and reverted).
+func (r *AdaptiveLoadBalancerReconciler) notOwnWrite() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.ObjectNew))
+			return !ok || rv.(string) != e.ObjectNew.GetResourceVersion()
+		},
+		CreateFunc: func(e event.CreateEvent) bool {
+			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.Object))
+			return !ok || rv.(string) != e.Object.GetResourceVersion()
+		},
+	}
+}

@@ -1,0 +1,464 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// Event reasons of the weight cycle.
+const (
+	EventWeightsShifted   = "WeightsShifted"
+	EventFallback         = adlbv1.ReasonFallback
+	EventMetricsRecovered = "MetricsRecovered"
+)
+
+// largeShift is the weight move, in log space, from which an Event is recorded (a factor 2).
+var largeShift = math.Log(2)
+
+// CycleMetrics are the weight cycle's own metrics.
+type CycleMetrics struct {
+	CycleDuration    prometheus.Histogram
+	EstimatedPushes  prometheus.Counter
+	LastSuccess      prometheus.Gauge
+	DeferredServices prometheus.Gauge
+}
+
+// NewCycleMetrics registers the weight cycle's metrics with reg.
+func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
+	m := &CycleMetrics{
+		CycleDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "adaptivelb_weight_cycle_duration_seconds",
+			Help:    "Duration of one weight cycle: metrics fetch, engine and the burst of writes.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		EstimatedPushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "adaptivelb_estimated_istiod_pushes_total",
+			Help: "istiod pushes the operator's weight writes cause, by istiod's debounce rule (PILOT_DEBOUNCE_AFTER/MAX).",
+		}),
+		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "adaptivelb_weight_cycle_last_success_timestamp_seconds",
+			Help: "Unix time of the last weight cycle that completed.",
+		}),
+		DeferredServices: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "adaptivelb_weight_writes_deferred",
+			Help: "Services whose weight write waits for the next cycle's budget.",
+		}),
+	}
+	m.CycleDuration = register(reg, m.CycleDuration)
+	m.EstimatedPushes = register(reg, m.EstimatedPushes)
+	m.LastSuccess = register(reg, m.LastSuccess)
+	m.DeferredServices = register(reg, m.DeferredServices)
+	return m
+}
+
+// WeightCycle is the operator's single weight loop: every Tick it fetches the metrics of every
+// due AdaptiveLoadBalancer in one batch, runs the weight engine, and writes the changed weights
+// as one burst within the budget. Membership stays with the mirror and never waits for it.
+type WeightCycle struct {
+	Client   client.Client
+	Source   metrics.Source
+	Recorder record.EventRecorder
+	Clock    clock.WithTicker
+	Metrics  *Metrics
+	Cycle    *CycleMetrics
+	// Tick is the global cycle; an AdaptiveLoadBalancer's interval is rounded up to a multiple.
+	Tick time.Duration
+	// Budget bounds the weight writes per cycle across the cluster; 0 is unlimited.
+	Budget int
+	// HoldIntervals is how many intervals the last weights survive a metrics outage.
+	HoldIntervals int
+	// Debounce is istiod's debounce setting, for the push estimate.
+	Debounce pushmodel.Config
+
+	mu        sync.Mutex
+	states    map[types.NamespacedName]cycle.State
+	lastRun   map[types.NamespacedName]time.Time
+	debouncer *pushmodel.Debouncer
+}
+
+// NeedLeaderElection: only the leader writes weights.
+func (w *WeightCycle) NeedLeaderElection() bool { return true }
+
+// Start runs the loop until ctx ends (a manager.Runnable).
+func (w *WeightCycle) Start(ctx context.Context) error {
+	logger := log.FromContext(ctx).WithName("weight-cycle")
+	ticker := w.Clock.NewTicker(w.Tick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C():
+			if _, err := w.RunOnce(ctx); err != nil {
+				logger.Error(err, "weight cycle failed; the next tick retries")
+			}
+		}
+	}
+}
+
+// CycleReport summarises one cycle, for tests and logs.
+type CycleReport struct {
+	Due int
+	// Writes are when each weight write of the burst completed; Written names their targets.
+	Writes   []time.Time
+	Written  []types.NamespacedName
+	Outcomes map[types.NamespacedName]cycle.Outcome
+	Pushes   int
+}
+
+// RunOnce runs one cycle now.
+func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
+	start := w.Clock.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.states == nil {
+		w.states, w.lastRun = map[types.NamespacedName]cycle.State{}, map[types.NamespacedName]time.Time{}
+		w.debouncer = pushmodel.NewDebouncer(w.Debounce)
+	}
+	logger := log.FromContext(ctx).WithName("weight-cycle")
+	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}}
+
+	due, err := w.dueTargets(ctx, start)
+	if err != nil {
+		return report, err
+	}
+	report.Due = len(due)
+	if len(due) == 0 {
+		return report, nil
+	}
+	batches := w.fetch(ctx, start, due)
+	var targets []cycle.Target
+	for _, d := range due {
+		targets = append(targets, d.target(start, batches[d.interval], max(1, w.HoldIntervals)))
+	}
+	prev := map[string]cycle.State{}
+	for _, d := range due {
+		prev[d.key.String()] = w.states[d.key]
+	}
+	outcomes, next := cycle.Plan(start, targets, prev, w.Budget)
+
+	// One tight burst: every write of the cycle goes out back to back, well inside one istiod
+	// debounce window, then the operator is quiet until the next cycle.
+	deferred := 0
+	for i, d := range due {
+		o := outcomes[i]
+		report.Outcomes[d.key] = o
+		w.states[d.key] = next[d.key.String()]
+		if o.Action != cycle.ActionDeferred {
+			w.lastRun[d.key] = start
+		} else {
+			deferred++
+		}
+		if o.Action != cycle.ActionWrite {
+			continue
+		}
+		if err := w.writeWeights(ctx, d, o.Decision); err != nil {
+			logger.Error(err, "weight write failed", "adaptiveLoadBalancer", d.key)
+			w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
+			continue
+		}
+		// Push estimates need when the writes really reached the API server, not the cycle's clock.
+		at := time.Now()
+		report.Writes = append(report.Writes, at)
+		report.Written = append(report.Written, d.key)
+		report.Pushes += len(w.debouncer.Observe(at))
+	}
+	for i, d := range due {
+		if err := w.writeStatus(ctx, d, outcomes[i], start); err != nil {
+			logger.Error(err, "status write failed", "adaptiveLoadBalancer", d.key)
+		}
+	}
+	// Close the debounce period the burst opened: its push is due once the quiet time passes.
+	if len(report.Writes) > 0 {
+		last := report.Writes[len(report.Writes)-1]
+		report.Pushes += len(w.debouncer.Advance(last.Add(w.debounceAfter())))
+	}
+	w.Cycle.EstimatedPushes.Add(float64(report.Pushes))
+	w.Cycle.DeferredServices.Set(float64(deferred))
+	w.Cycle.CycleDuration.Observe(w.Clock.Since(start).Seconds())
+	w.Cycle.LastSuccess.Set(float64(w.Clock.Now().Unix()))
+	return report, nil
+}
+
+func (w *WeightCycle) debounceAfter() time.Duration {
+	if w.Debounce.DebounceAfter > 0 {
+		return w.Debounce.DebounceAfter
+	}
+	return pushmodel.DefaultDebounceAfter
+}
+
+// dueTarget is one AdaptiveLoadBalancer due this cycle, with what the engine needs.
+type dueTarget struct {
+	key       types.NamespacedName
+	alb       *adlbv1.AdaptiveLoadBalancer
+	se        *networkingv1.ServiceEntry
+	settings  weights.Settings
+	interval  time.Duration
+	pods      map[string]*corev1.Pod // by IP
+	podOrder  []string               // IPs in ServiceEntry order
+	current   map[string]int         // weight by IP
+	lastWrite time.Time
+}
+
+func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarget, error) {
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := w.Client.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
+	}
+	var due []*dueTarget
+	for i := range list.Items {
+		alb := &list.Items[i]
+		key := client.ObjectKeyFromObject(alb)
+		interval := 30 * time.Second
+		if alb.Spec.Interval != nil {
+			interval = alb.Spec.Interval.Duration
+		}
+		// Intervals are whole multiples of the tick, so every Service's cycle lands on a tick.
+		interval = time.Duration(math.Ceil(float64(interval)/float64(w.Tick))) * w.Tick
+		st := w.states[key]
+		if last, ok := w.lastRun[key]; ok && now.Sub(last) < interval && st.DeferredSince.IsZero() {
+			continue
+		}
+		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || c.Status != metav1.ConditionTrue {
+			continue // nothing mirrored yet, or a condition the mirror reports
+		}
+		settings, err := EngineSettings(alb)
+		if err != nil {
+			continue // rejected at admission in practice; the mirror reports it
+		}
+		se := &networkingv1.ServiceEntry{}
+		if err := w.Client.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+		}
+		if !metav1.IsControlledBy(se, alb) {
+			continue
+		}
+		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{}, current: map[string]int{}}
+		if alb.Status.LastWeightWrite != nil {
+			d.lastWrite = alb.Status.LastWeightWrite.Time
+		}
+		for _, e := range se.Spec.Endpoints {
+			d.podOrder = append(d.podOrder, e.Address)
+			d.current[e.Address] = int(e.Weight)
+			var pods corev1.PodList
+			if err := w.Client.List(ctx, &pods, client.InNamespace(alb.Namespace), client.MatchingFields{indexPodIP: e.Address}); err != nil {
+				return nil, fmt.Errorf("find the pod of %s: %w", e.Address, err)
+			}
+			for j := range pods.Items {
+				d.pods[e.Address] = &pods.Items[j]
+			}
+		}
+		due = append(due, d)
+	}
+	sort.Slice(due, func(i, j int) bool { return due[i].key.String() < due[j].key.String() })
+	return due, nil
+}
+
+// fetchResult is one batched fetch, shared by every target with the same interval.
+type fetchResult struct {
+	byPod map[types.NamespacedName]metrics.Observation
+	err   error
+}
+
+// fetch sends one batched request per distinct interval (normally one): its queries cover every
+// due Service's pods, whatever their number.
+func (w *WeightCycle) fetch(ctx context.Context, now time.Time, due []*dueTarget) map[time.Duration]fetchResult {
+	byInterval := map[time.Duration][]metrics.Pod{}
+	for _, d := range due {
+		var q metrics.QueryTemplates
+		if m := d.alb.Spec.Metrics; m != nil && m.Queries != nil {
+			q = metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+		}
+		for _, ip := range d.podOrder {
+			if pod, ok := d.pods[ip]; ok {
+				byInterval[d.interval] = append(byInterval[d.interval], metrics.Pod{Namespace: pod.Namespace, Name: pod.Name, IP: ip, CPULimitCores: cpuLimit(pod), Queries: q})
+			}
+		}
+	}
+	out := map[time.Duration]fetchResult{}
+	for interval, pods := range byInterval {
+		res := fetchResult{byPod: map[types.NamespacedName]metrics.Observation{}}
+		batch, err := w.Source.Fetch(ctx, metrics.Request{Pods: pods, Now: now, Window: 2 * interval, Interval: interval})
+		res.err = err
+		for _, o := range batch.Observations {
+			res.byPod[types.NamespacedName{Namespace: o.Namespace, Name: o.Name}] = o
+		}
+		out[interval] = res
+	}
+	return out
+}
+
+// cpuLimit sums the CPU limits of the application containers; the sidecar's CPU is not in the
+// cAdvisor query either.
+func cpuLimit(pod *corev1.Pod) float64 {
+	total := 0.0
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "istio-proxy" {
+			continue
+		}
+		l, ok := c.Resources.Limits[corev1.ResourceCPU]
+		if !ok {
+			return 0 // one unlimited container makes the pod unlimited
+		}
+		total += l.AsApproximateFloat64()
+	}
+	return total
+}
+
+// target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A whole-batch
+// failure (no pod has any signal) is a metrics outage for the hold/fallback policy; a pod
+// without fresh CPU and request rate just has no metrics.
+func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int) cycle.Target {
+	t := cycle.Target{
+		Key:      d.key.String(),
+		Settings: d.settings,
+		HoldTime: time.Duration(holdIntervals) * d.interval,
+		DryRun:   d.alb.Spec.Mode == adlbv1.ModeDryRun,
+	}
+	window := 2 * d.interval
+	t.WindowCoverage = 1
+	if !d.lastWrite.IsZero() {
+		t.WindowCoverage = math.Min(1, now.Sub(d.lastWrite).Seconds()/window.Seconds())
+	}
+	usable := 0
+	for _, ip := range d.podOrder {
+		ep := weights.Endpoint{ID: ip, CurrentWeight: d.current[ip]}
+		if pod, ok := d.pods[ip]; ok {
+			ep.CPULimitCores = cpuLimit(pod)
+			if o, ok := res.byPod[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]; ok {
+				ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
+				ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
+				ep.HasMetrics = o.CPUCores.Usable() && o.RequestRate.Usable()
+				if o.CPUCores.Present || o.RequestRate.Present {
+					usable++
+				}
+			}
+		}
+		t.Endpoints = append(t.Endpoints, ep)
+	}
+	if usable == 0 && len(d.podOrder) > 0 {
+		t.MetricsErr = res.err
+		if t.MetricsErr == nil {
+			t.MetricsErr = errors.New("the metrics source returned no sample for any pod of this Service")
+		}
+	}
+	return t
+}
+
+// writeWeights patches only the weights of the ServiceEntry's current endpoints; an endpoint the
+// mirror added or removed meanwhile is left to the mirror.
+func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision) error {
+	next := decision.Weights()
+	se := &networkingv1.ServiceEntry{}
+	if err := w.Client.Get(ctx, client.ObjectKeyFromObject(d.se), se); err != nil {
+		return fmt.Errorf("get ServiceEntry %s/%s: %w", d.se.Namespace, d.se.Name, err)
+	}
+	base := se.DeepCopy()
+	changed := false
+	for _, e := range se.Spec.Endpoints {
+		if wgt, ok := next[e.Address]; ok && uint32(wgt) != e.Weight {
+			e.Weight = uint32(wgt)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	// Optimistic lock: a membership write may have landed since the read; then the mirror's
+	// version wins and the next cycle retries.
+	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
+	}
+	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
+	return nil
+}
+
+// writeStatus publishes the cycle's outcome: conditions, per-endpoint weights and reasons, events.
+func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Outcome, now time.Time) error {
+	alb := &adlbv1.AdaptiveLoadBalancer{}
+	if err := w.Client.Get(ctx, d.key, alb); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	base := alb.DeepCopy()
+	gen := alb.Generation
+	metricsCond := metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonMetricsOK, Message: "metrics fetched for this Service's pods", ObservedGeneration: gen}
+	var weightsCond metav1.Condition
+	switch {
+	case o.Err != nil:
+		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonWriteFailed, Message: o.Err.Error(), ObservedGeneration: gen}
+	case o.Fallback:
+		metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonMetricsFailed, Message: o.Reason, ObservedGeneration: gen}
+		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonFallback, Message: o.Reason, ObservedGeneration: gen}
+	case o.Action == cycle.ActionHold:
+		metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonMetricsFailed, Message: o.Reason, ObservedGeneration: gen}
+		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: "last weights held while metrics are unavailable", ObservedGeneration: gen}
+	case o.Action == cycle.ActionDryRun:
+		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDryRun, Message: "mode is DryRun: " + o.Reason + " (not written)", ObservedGeneration: gen}
+	case o.Action == cycle.ActionDeferred:
+		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDeferred, Message: o.Reason, ObservedGeneration: gen}
+	default:
+		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: o.Reason, ObservedGeneration: gen}
+	}
+	meta.SetStatusCondition(&alb.Status.Conditions, metricsCond)
+	meta.SetStatusCondition(&alb.Status.Conditions, weightsCond)
+	reasons := map[string]weights.Result{}
+	for _, r := range o.Decision.Endpoints {
+		reasons[r.ID] = r
+	}
+	nowT := metav1.NewTime(now)
+	for i := range alb.Status.Endpoints {
+		e := &alb.Status.Endpoints[i]
+		r, ok := reasons[e.IP]
+		if !ok {
+			continue
+		}
+		e.Reason = r.Reason
+		if o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun {
+			if int32(r.Weight) != e.Weight {
+				e.Weight = int32(r.Weight)
+				e.LastChange = &nowT
+			}
+		}
+	}
+	if o.Action == cycle.ActionWrite {
+		alb.Status.LastWeightWrite = &nowT
+	}
+	if err := w.Client.Status().Patch(ctx, alb, client.MergeFrom(base)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	switch {
+	case o.FallbackStarted:
+		w.Recorder.Event(alb, corev1.EventTypeWarning, EventFallback, o.Reason)
+	case o.Recovered:
+		w.Recorder.Event(alb, corev1.EventTypeNormal, EventMetricsRecovered, "metrics are back; adaptive weights resume")
+	case o.Action == cycle.ActionWrite && o.Need >= largeShift:
+		w.Recorder.Eventf(alb, corev1.EventTypeNormal, EventWeightsShifted, "an endpoint's weight moved by a factor of %.1f: %s", math.Exp(o.Need), o.Reason)
+	}
+	return nil
+}

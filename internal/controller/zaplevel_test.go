@@ -1,0 +1,5 @@
+package controller
+
+import "go.uber.org/zap/zapcore"
+
+type zapLevelT = zapcore.Level
