@@ -135,11 +135,11 @@ func BenchmarkQuery_200kSeries(b *testing.B) {
 	ps := src.(*prometheusSource)
 	b.ReportAllocs()
 	for b.Loop() {
-		vec, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli))
+		got, _, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli), benchPods)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if got := splitByPod(vec, DefaultLabels); len(got.values) != benchPods {
+		if len(got.values) != benchPods {
 			b.Fatalf("%d pods mapped", len(got.values))
 		}
 	}

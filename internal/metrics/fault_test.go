@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -256,5 +257,37 @@ func TestPrometheusSource_BrokenOverrideFailsOnlyItsPods(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(src.metrics.errors.WithLabelValues("cpu", "template")); got != 1 {
 		t.Errorf("template errors counted %v times", got)
+	}
+}
+
+func TestPrometheusSource_FallsBackToGETWhenPOSTIsRefused(t *testing.T) {
+	methods := make(chan string, 32)
+	url := fakeTSDB(t, func(w http.ResponseWriter, r *http.Request) {
+		methods <- r.Method
+		if r.Method == http.MethodPost {
+			reply(http.StatusMethodNotAllowed, `POST not allowed`)(w, r)
+			return
+		}
+		if r.URL.Query().Get("query") == "" {
+			reply(400, `{"status":"error","errorType":"bad_data","error":"no query"}`)(w, r)
+			return
+		}
+		reply(200, `{"status":"success","data":{"resultType":"vector","result":[{"metric":{"namespace":"shop","pod":"api-1"},"value":[1795348800,"1795348800"]}]}}`)(w, r)
+	})
+	src, _ := newTestSource(t, Config{URL: url})
+	batch, err := src.Fetch(context.Background(), fakeRequest())
+	if err != nil {
+		t.Fatalf("got %v", err)
+	}
+	if s := batch.Observations[0].CPUCores; !s.Present || s.Value != 1795348800 {
+		t.Errorf("api-1 cpu %+v", s)
+	}
+	close(methods)
+	var seen []string
+	for m := range methods {
+		seen = append(seen, m)
+	}
+	if !slices.Contains(seen, http.MethodGet) || len(seen) != 12 {
+		t.Errorf("methods %v, want each of the 6 queries POSTed then retried with GET", seen)
 	}
 }

@@ -12,8 +12,10 @@ import (
 type podKey struct{ namespace, name string }
 
 type podValue struct {
-	value  float64
-	metric model.Metric
+	value float64
+	// others holds the series' labels besides namespace and pod, nil when it has none (the usual
+	// case of a query aggregated by namespace and pod). It only serves to name duplicates.
+	others model.Metric
 }
 
 // podValues is one query result split by pod.
@@ -23,35 +25,41 @@ type podValues struct {
 	duplicates map[podKey]*DuplicateSeriesError
 	// unlabelled counts series without the namespace or pod label; they cannot be attributed.
 	unlabelled int
+	labels     Labels
 }
 
-// splitByPod indexes a vector by the pod labels. A pod with several series is moved to duplicates
-// and never summed: two scrapes of one pod would otherwise double its rate.
-func splitByPod(vec model.Vector, labels Labels) podValues {
-	nsLabel, podLabel := model.LabelName(labels.Namespace), model.LabelName(labels.Pod)
-	out := podValues{values: make(map[podKey]podValue, len(vec))}
-	for _, s := range vec {
-		ns, pod := string(s.Metric[nsLabel]), string(s.Metric[podLabel])
-		if ns == "" || pod == "" {
-			out.unlabelled++
-			continue
-		}
-		key := podKey{ns, pod}
-		if dup, ok := out.duplicates[key]; ok {
-			dup.Series = append(dup.Series, s.Metric.String())
-			continue
-		}
-		if first, ok := out.values[key]; ok {
-			if out.duplicates == nil {
-				out.duplicates = map[podKey]*DuplicateSeriesError{}
-			}
-			out.duplicates[key] = &DuplicateSeriesError{Namespace: ns, Pod: pod, Series: []string{first.metric.String(), s.Metric.String()}}
-			delete(out.values, key)
-			continue
-		}
-		out.values[key] = podValue{value: float64(s.Value), metric: s.Metric}
+// add records one series. A pod with several series is moved to duplicates and never summed:
+// two scrapes of one pod would otherwise double its rate.
+func (p *podValues) add(ns, pod string, value float64, others model.Metric) {
+	if ns == "" || pod == "" {
+		p.unlabelled++
+		return
 	}
-	return out
+	key := podKey{ns, pod}
+	if dup, ok := p.duplicates[key]; ok {
+		dup.Series = append(dup.Series, p.labelSet(key, others))
+		return
+	}
+	if first, ok := p.values[key]; ok {
+		if p.duplicates == nil {
+			p.duplicates = map[podKey]*DuplicateSeriesError{}
+		}
+		p.duplicates[key] = &DuplicateSeriesError{Namespace: ns, Pod: pod, Series: []string{p.labelSet(key, first.others), p.labelSet(key, others)}}
+		delete(p.values, key)
+		return
+	}
+	p.values[key] = podValue{value: value, others: others}
+}
+
+// labelSet renders a series' full label set, as PromQL would print it.
+func (p *podValues) labelSet(key podKey, others model.Metric) string {
+	m := make(model.Metric, len(others)+2)
+	for k, v := range others {
+		m[k] = v
+	}
+	m[model.LabelName(p.labels.Namespace)] = model.LabelValue(key.namespace)
+	m[model.LabelName(p.labels.Pod)] = model.LabelValue(key.name)
+	return m.String()
 }
 
 // valueSample turns a pod's entry of a value query into a Sample (without freshness yet).

@@ -124,3 +124,22 @@ func TestParseRetryAfter(t *testing.T) {
 		})
 	}
 }
+
+// splitByPod indexes a model.Vector by the pod labels through podValues.add, the same path the
+// streaming decoder feeds, so mapping rules can be tested without JSON.
+func splitByPod(vec model.Vector, labels Labels) podValues {
+	out := podValues{values: make(map[podKey]podValue, len(vec)), labels: labels}
+	for _, s := range vec {
+		var others model.Metric
+		for name, v := range s.Metric {
+			if string(name) != labels.Namespace && string(name) != labels.Pod {
+				if others == nil {
+					others = model.Metric{}
+				}
+				others[name] = v
+			}
+		}
+		out.add(string(s.Metric[model.LabelName(labels.Namespace)]), string(s.Metric[model.LabelName(labels.Pod)]), float64(s.Value), others)
+	}
+	return out
+}

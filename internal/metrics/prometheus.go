@@ -2,11 +2,11 @@ package metrics
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,9 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/api"
-	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/common/model"
 )
 
 // maxConcurrentQueries bounds the queries in flight per Fetch: enough to overlap the round trips,
@@ -29,7 +27,7 @@ const maxConcurrentQueries = 2
 const maxCachedTemplates = 256
 
 type prometheusSource struct {
-	api       v1.API
+	client    api.Client
 	timeout   time.Duration
 	queries   QueryTemplates
 	freshness QueryTemplates
@@ -59,7 +57,7 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 		return nil, fmt.Errorf("registering metrics source metrics: %w", err)
 	}
 	return &prometheusSource{
-		api:       v1.NewAPI(responseRecorder{client}),
+		client:    client,
 		timeout:   cfg.timeout(),
 		queries:   cfg.Queries.Or(DefaultQueries),
 		freshness: cfg.FreshnessQueries.Or(DefaultFreshnessQueries),
@@ -223,7 +221,7 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s.runPlanned(ctx, q, req.Now)
+			s.runPlanned(ctx, q, req.Now, len(req.Pods))
 		}()
 	}
 	wg.Wait()
@@ -307,9 +305,9 @@ func discoveredPods(p *plan) ([]Pod, []signalQueries) {
 	return pods, queries
 }
 
-func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time) {
+func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time, podsHint int) {
 	start := time.Now()
-	vec, warnings, err := s.query(ctx, q.Text, now)
+	result, series, warnings, err := s.query(ctx, q.Text, now, podsHint)
 	s.metrics.duration.WithLabelValues(q.Name).Observe(time.Since(start).Seconds())
 	q.Warnings = warnings
 	if err != nil {
@@ -317,66 +315,100 @@ func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now 
 		s.metrics.errors.WithLabelValues(q.Name, Reason(err)).Inc()
 		return
 	}
-	q.result = splitByPod(vec, s.labels)
-	q.Series = len(vec)
+	q.result = result
+	q.Series = series
 	if q.result.unlabelled > 0 {
 		q.Warnings = append(q.Warnings, fmt.Sprintf("%d series lack the %q or %q label and were ignored; aggregate by (%s, %s)",
 			q.result.unlabelled, s.labels.Namespace, s.labels.Pod, s.labels.Namespace, s.labels.Pod))
 	}
 }
 
-// query runs one instant query and turns every failure into a typed error.
-func (s *prometheusSource) query(ctx context.Context, text string, now time.Time) (model.Vector, []string, error) {
+// query runs one instant query and turns every failure into a typed error. HTTP goes through
+// client_golang's api.Client (transport, auth, TLS); the body is decoded by decodeQueryResponse.
+// podsHint is the number of pods the cycle expects (0 if unknown); it presizes the result.
+func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, podsHint int) (podValues, int, []string, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	meta := &responseMeta{}
-	qctx = context.WithValue(qctx, responseMetaKey{}, meta)
-	value, warnings, err := s.api.Query(qctx, text, now, v1.WithTimeout(s.timeout))
+	form := url.Values{}
+	form.Set("query", text)
+	form.Set("time", formatTime(now))
+	form.Set("timeout", s.timeout.String())
+	resp, body, err := s.post(qctx, form)
+	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
+		// Read-only gateways may refuse POST; v1 falls back to GET the same way.
+		resp, body, err = s.get(qctx, form)
+	}
 	if err != nil {
-		return nil, warnings, classify(ctx, qctx, err, meta, s.timeout)
+		return podValues{}, 0, nil, classify(ctx, qctx, err, s.timeout)
 	}
-	if len(warnings) > 0 {
-		return nil, warnings, &PartialResponseError{Warnings: warnings}
+	decoded, decodeErr := decodeQueryResponse(body, s.labels, podsHint)
+	if resp.StatusCode/100 != 2 {
+		detail := truncate(string(body), 1000)
+		// Prefer the API's own error text; a non-JSON body is shown as it came.
+		if decodeErr == nil && decoded.status == "error" && decoded.errorText != "" {
+			detail = decoded.errorText
+		}
+		return podValues{}, 0, nil, &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
 	}
-	if value == nil {
-		return nil, nil, fmt.Errorf("%w: response has no data", ErrMalformedResponse)
+	if decodeErr != nil {
+		return podValues{}, 0, nil, fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
 	}
-	vec, ok := value.(model.Vector)
-	if !ok {
-		return nil, nil, &UnexpectedResultTypeError{Got: value.Type().String()}
+	if decoded.status == "error" {
+		return podValues{}, 0, nil, fmt.Errorf("%w: %s: %s", ErrMalformedResponse, decoded.errorType, decoded.errorText)
 	}
-	if len(vec) == 0 {
-		return nil, nil, &NoDataError{}
+	if len(decoded.warnings) > 0 {
+		return podValues{}, 0, decoded.warnings, &PartialResponseError{Warnings: decoded.warnings}
 	}
-	return vec, nil, nil
+	switch decoded.resultType {
+	case "":
+		return podValues{}, 0, nil, fmt.Errorf("%w: response has no data", ErrMalformedResponse)
+	case resultTypeVector:
+	default:
+		return podValues{}, 0, nil, &UnexpectedResultTypeError{Got: decoded.resultType}
+	}
+	if decoded.series == 0 {
+		return podValues{}, 0, nil, &NoDataError{}
+	}
+	return decoded.result, decoded.series, nil, nil
 }
 
-func classify(parent, qctx context.Context, err error, meta *responseMeta, timeout time.Duration) error {
+func (s *prometheusSource) post(ctx context.Context, form url.Values) (*http.Response, []byte, error) {
+	endpoint := s.client.URL("/api/v1/query", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint.String(), strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	return s.client.Do(ctx, req)
+}
+
+func (s *prometheusSource) get(ctx context.Context, form url.Values) (*http.Response, []byte, error) {
+	endpoint := s.client.URL("/api/v1/query", nil)
+	endpoint.RawQuery = form.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint.String(), nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+	}
+	return s.client.Do(ctx, req)
+}
+
+// formatTime renders t as Unix seconds with the fraction the API accepts.
+func formatTime(t time.Time) string {
+	return strconv.FormatFloat(float64(t.Unix())+float64(t.Nanosecond())/1e9, 'f', -1, 64)
+}
+
+// classify turns a transport failure of client.Do into a typed error.
+func classify(parent, qctx context.Context, err error, timeout time.Duration) error {
 	if parent.Err() != nil {
 		return parent.Err() // the caller gave up; not a TSDB fault
-	}
-	var apiErr *v1.Error
-	if meta.status != 0 && (meta.status < 200 || meta.status > 299) {
-		detail := meta.body
-		// Prefer the API's own error text; a non-JSON body (bad_response) is shown as it came.
-		if errors.As(err, &apiErr) && apiErr.Type != v1.ErrBadResponse && apiErr.Type != v1.ErrClient && apiErr.Type != v1.ErrServer && apiErr.Msg != "" {
-			detail = apiErr.Msg
-		}
-		return &HTTPStatusError{StatusCode: meta.status, RetryAfter: meta.retryAfter, Detail: strings.TrimSpace(detail)}
 	}
 	var netErr net.Error
 	switch {
 	case errors.Is(qctx.Err(), context.DeadlineExceeded), errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &netErr) && netErr.Timeout():
 		return fmt.Errorf("%w after %s: raise --timeout or make the query cheaper (%v)", ErrTimeout, timeout, err)
-	case errors.As(err, &apiErr) && apiErr.Type == v1.ErrBadResponse:
-		return fmt.Errorf("%w: %s (is the URL a Prometheus-compatible API?)", ErrMalformedResponse, apiErr.Msg)
-	case errors.As(err, &apiErr):
-		return fmt.Errorf("%w: %s: %s", ErrMalformedResponse, apiErr.Type, apiErr.Msg)
 	case isUnreachable(err):
 		return fmt.Errorf("%w: %v (check the URL, DNS, network policy and that the TSDB is running)", ErrUnreachable, err)
-	case isDecodeError(err):
-		return fmt.Errorf("%w: %v", ErrMalformedResponse, err)
 	}
 	return err
 }
@@ -387,41 +419,6 @@ func isUnreachable(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
 		errors.As(err, &opErr) || errors.As(err, &dnsErr)
-}
-
-// isDecodeError recognises JSON errors from decoding the data part of a response (client_golang
-// decodes it with json-iterator, whose errors are plain; those mention the decoder's position).
-func isDecodeError(err error) bool {
-	var syntaxErr *json.SyntaxError
-	var typeErr *json.UnmarshalTypeError
-	msg := err.Error()
-	return errors.As(err, &syntaxErr) || errors.As(err, &typeErr) ||
-		strings.Contains(msg, "ReadObject") || strings.Contains(msg, "readObject") ||
-		strings.Contains(msg, "unmarshal") || strings.Contains(msg, "error found in #")
-}
-
-// responseMeta captures the HTTP status and Retry-After that client_golang's v1 API drops.
-type responseMeta struct {
-	status     int
-	retryAfter time.Duration
-	body       string
-}
-
-type responseMetaKey struct{}
-
-// responseRecorder wraps the api.Client to record response metadata into the request context.
-type responseRecorder struct{ api.Client }
-
-func (r responseRecorder) Do(ctx context.Context, req *http.Request) (*http.Response, []byte, error) {
-	resp, body, err := r.Client.Do(ctx, req)
-	if meta, ok := ctx.Value(responseMetaKey{}).(*responseMeta); ok && resp != nil {
-		meta.status = resp.StatusCode
-		meta.retryAfter = parseRetryAfter(resp.Header)
-		if resp.StatusCode/100 != 2 {
-			meta.body = truncate(string(body), 1000)
-		}
-	}
-	return resp, body, err
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP-date relative to the response's Date header.

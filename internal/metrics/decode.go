@@ -1,0 +1,203 @@
+package metrics
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	jsoniter "github.com/json-iterator/go"
+	"github.com/prometheus/common/model"
+)
+
+// minSeriesBytes is the length of the shortest possible series, {"metric":{},"value":[0,"0"]}.
+const minSeriesBytes = 32
+
+// resultTypeVector is the API's resultType of an instant vector.
+const resultTypeVector = "vector"
+
+// apiResponse is what decodeQueryResponse read from one Prometheus HTTP API body.
+type apiResponse struct {
+	status    string
+	errorType string
+	errorText string
+	warnings  []string
+	// resultType is empty when the body had no data object.
+	resultType string
+	result     podValues
+	series     int
+}
+
+// decodeQueryResponse streams an instant-query body straight into per-pod values. Only the two
+// pod label values are kept for each series (other labels are kept only when a series carries
+// any, so a duplicate can name them); values are parsed with strconv.ParseFloat. Unknown fields
+// are skipped. See docs/metrics.md ("Why the cycle does not use v1's decoder").
+func decodeQueryResponse(body []byte, labels Labels, podsHint int) (apiResponse, error) {
+	// Presizing the per-pod map saves its growth garbage. The hint (the cycle's pod count) is
+	// capped by what the body can hold: a series takes at least minSeriesBytes of JSON.
+	podsHint = max(0, min(podsHint, len(body)/minSeriesBytes))
+	var out apiResponse
+	iter := jsoniter.ConfigFastest.BorrowIterator(body)
+	defer jsoniter.ConfigFastest.ReturnIterator(iter)
+	var dataErr error
+	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
+		switch field {
+		case "status":
+			out.status = iter.ReadString()
+		case "errorType":
+			out.errorType = iter.ReadString()
+		case "error":
+			out.errorText = iter.ReadString()
+		case "warnings":
+			iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
+				out.warnings = append(out.warnings, iter.ReadString())
+				return true
+			})
+		case "data":
+			dataErr = decodeData(iter, labels, podsHint, &out)
+		default:
+			iter.Skip()
+		}
+		return iter.Error == nil && dataErr == nil
+	})
+	if iter.Error != nil {
+		return out, fmt.Errorf("%w: %v", ErrMalformedResponse, iter.Error)
+	}
+	if dataErr != nil {
+		return out, dataErr
+	}
+	if out.status != "success" && out.status != "error" {
+		return out, fmt.Errorf("%w: status is %q, want \"success\" or \"error\" (is the URL a Prometheus-compatible API?)", ErrMalformedResponse, out.status)
+	}
+	return out, nil
+}
+
+// decodeData reads the data object. The result is decoded only when resultType says vector,
+// whichever of the two fields comes first.
+func decodeData(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiResponse) error {
+	if iter.WhatIsNext() == jsoniter.NilValue {
+		iter.Skip()
+		return nil
+	}
+	var err error
+	var raw []byte // the result, kept only when it precedes resultType
+	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
+		switch field {
+		case "resultType":
+			out.resultType = iter.ReadString()
+		case "result":
+			if out.resultType == "" {
+				raw = iter.SkipAndReturnBytes()
+				return true
+			}
+			if out.resultType != resultTypeVector {
+				iter.Skip()
+				return true
+			}
+			err = decodeVector(iter, labels, podsHint, out)
+		default:
+			iter.Skip()
+		}
+		return iter.Error == nil && err == nil
+	})
+	if err != nil || iter.Error != nil {
+		return err
+	}
+	if raw != nil && out.resultType == resultTypeVector {
+		sub := jsoniter.ConfigFastest.BorrowIterator(raw)
+		defer jsoniter.ConfigFastest.ReturnIterator(sub)
+		if err := decodeVector(sub, labels, podsHint, out); err != nil {
+			return err
+		}
+		if sub.Error != nil {
+			return fmt.Errorf("%w: %v", ErrMalformedResponse, sub.Error)
+		}
+	}
+	return nil
+}
+
+func decodeVector(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiResponse) error {
+	out.result = podValues{values: make(map[podKey]podValue, podsHint), labels: labels}
+	var err error
+	iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
+		err = decodeSeries(iter, labels, out)
+		out.series++
+		return err == nil && iter.Error == nil
+	})
+	return err
+}
+
+// decodeSeries reads {"metric":{...},"value":[<ts>,"<val>"]}.
+func decodeSeries(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error {
+	var ns, pod string
+	var others model.Metric
+	var value float64
+	var haveValue bool
+	var err error
+	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
+		switch field {
+		case "metric":
+			iter.ReadObjectCB(func(iter *jsoniter.Iterator, name string) bool {
+				v := iter.ReadString()
+				switch name {
+				case labels.Namespace:
+					ns = v
+				case labels.Pod:
+					pod = v
+				default:
+					if others == nil {
+						others = model.Metric{}
+					}
+					others[model.LabelName(name)] = model.LabelValue(v)
+				}
+				return true
+			})
+		case "value":
+			value, err = decodeSamplePair(iter)
+			haveValue = err == nil
+		default:
+			iter.Skip()
+		}
+		return err == nil && iter.Error == nil
+	})
+	if err != nil || iter.Error != nil {
+		return err
+	}
+	if !haveValue {
+		return fmt.Errorf("%w: series %d has no value", ErrMalformedResponse, out.series)
+	}
+	out.result.add(ns, pod, value, others)
+	return nil
+}
+
+// decodeSamplePair reads [<unix seconds>, "<value>"]; the timestamp is the evaluation time and
+// is not needed (freshness comes from the probes).
+func decodeSamplePair(iter *jsoniter.Iterator) (float64, error) {
+	var value float64
+	var err error
+	i := 0
+	iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
+		switch i {
+		case 0:
+			iter.Skip()
+		case 1:
+			s := iter.ReadString()
+			if iter.Error == nil {
+				value, err = strconv.ParseFloat(s, 64)
+				if errors.Is(err, strconv.ErrRange) {
+					err = nil // ±Inf: rejected per pod as non-finite, like "+Inf"
+				}
+				if err != nil {
+					err = fmt.Errorf("%w: sample value %q: %v", ErrMalformedResponse, s, errors.Unwrap(err))
+				}
+			}
+		default:
+			err = fmt.Errorf("%w: sample pair has more than two elements", ErrMalformedResponse)
+		}
+		i++
+		return err == nil && iter.Error == nil
+	})
+	if err == nil && iter.Error == nil && i != 2 {
+		err = fmt.Errorf("%w: sample pair has %d elements, want [timestamp, \"value\"]", ErrMalformedResponse, i)
+	}
+	return value, err
+}
