@@ -54,6 +54,7 @@ type runOptions struct {
 	cycleTick               time.Duration
 	writeBudget             int
 	holdIntervals           int
+	endpointWeightMetrics   bool
 	source                  *metricsSourceFlags
 	sourceConfig            metrics.Config
 }
@@ -96,6 +97,7 @@ func newRunCmd() *cobra.Command {
 	f.DurationVar(&o.cycleTick, "cycle-tick", 5*time.Second, "the weight cycle's tick; each AdaptiveLoadBalancer's interval is rounded up to a multiple of it")
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
+	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
 	o.source = addMetricsSourceFlags(f, "tsdb-")
 	return cmd
 }
@@ -198,11 +200,15 @@ func (o *runOptions) run(ctx context.Context) error {
 	if err := requireServiceEntryCRD(mgr.GetRESTMapper()); err != nil {
 		return err
 	}
+	opMetrics := controller.DefaultMetrics()
+	if o.endpointWeightMetrics {
+		opMetrics.EnableEndpointWeights(ctrlmetrics.Registry)
+	}
 	r := &controller.AdaptiveLoadBalancerReconciler{
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
-		Metrics:       controller.DefaultMetrics(),
+		Metrics:       opMetrics,
 		ClusterDomain: o.clusterDomain,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {

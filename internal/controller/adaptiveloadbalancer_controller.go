@@ -426,6 +426,13 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 	ready := metav1.Condition{Type: adlbv1.ConditionReady, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen}
 	meta.SetStatusCondition(&status.Conditions, ready)
 	if !o.keepEndpoints {
+		if alb.Spec.Mode != adlbv1.ModeDryRun {
+			ws, pods := map[string]int{}, map[string]string{}
+			for _, e := range o.endpoints {
+				ws[e.IP], pods[e.IP] = int(e.Weight), e.Pod
+			}
+			r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+		}
 		status.ServiceEntry = o.serviceEntry
 		status.EndpointCount = int32(len(o.endpoints))
 		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now)

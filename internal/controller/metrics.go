@@ -3,6 +3,7 @@ package controller
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -23,6 +24,50 @@ type Metrics struct {
 	ServiceEntryWrites *prometheus.CounterVec
 	// ReconcileErrors counts failed reconciles by reason.
 	ReconcileErrors *prometheus.CounterVec
+	// EndpointWeights is every endpoint's weight, or nil when turned off (one series per pod:
+	// too many on the largest clusters).
+	EndpointWeights *prometheus.GaugeVec
+
+	mu     sync.Mutex
+	series map[string]map[string]prometheus.Labels // namespace/name → pod+ip → labels
+}
+
+// EnableEndpointWeights adds the per-endpoint weight gauge, registered with reg.
+func (m *Metrics) EnableEndpointWeights(reg prometheus.Registerer) {
+	m.EndpointWeights = register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "adaptivelb_endpoint_weight",
+		Help: "Weight of each endpoint in its ServiceEntry (in DryRun, the weight that would be written).",
+	}, []string{"namespace", "adaptiveloadbalancer", "pod", "ip"}))
+}
+
+// SetEndpointWeights publishes one AdaptiveLoadBalancer's weights and drops the series of
+// endpoints that left it.
+func (m *Metrics) SetEndpointWeights(namespace, alb string, weights map[string]int, pods map[string]string) {
+	if m.EndpointWeights == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.series == nil {
+		m.series = map[string]map[string]prometheus.Labels{}
+	}
+	key := namespace + "/" + alb
+	next := map[string]prometheus.Labels{}
+	for ip, w := range weights {
+		l := prometheus.Labels{"namespace": namespace, "adaptiveloadbalancer": alb, "pod": pods[ip], "ip": ip}
+		m.EndpointWeights.With(l).Set(float64(w))
+		next[pods[ip]+"|"+ip] = l
+	}
+	for id, l := range m.series[key] {
+		if _, ok := next[id]; !ok {
+			m.EndpointWeights.Delete(l)
+		}
+	}
+	if len(next) == 0 {
+		delete(m.series, key)
+	} else {
+		m.series[key] = next
+	}
 }
 
 // NewMetrics creates the metrics and registers them with reg (controller-runtime's registry in

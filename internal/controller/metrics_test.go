@@ -1,7 +1,10 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -54,5 +57,13 @@ func TestMetrics_MoveWhenTheirEventsHappen(t *testing.T) {
 	}
 	if histogramCount(t, lf.loop.Cycle.CycleDuration) != 1 || testutil.ToFloat64(lf.loop.Cycle.LastSuccess) <= 0 {
 		t.Fatal("cycle duration or last-success stamp not recorded")
+	}
+	// The per-endpoint gauge follows the written weights.
+	got := lf.weights()
+	for i, ip := range lf.ips {
+		l := prometheus.Labels{"namespace": lf.ns, "adaptiveloadbalancer": "web", "pod": fmt.Sprintf("web-%d", i+1), "ip": ip}
+		if v := testutil.ToFloat64(testMetrics.EndpointWeights.With(l)); int(v) != got[ip] {
+			t.Fatalf("adaptivelb_endpoint_weight%v = %v, ServiceEntry weight %d", l, v, got[ip])
+		}
 	}
 }

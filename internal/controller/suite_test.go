@@ -152,6 +152,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		return fmt.Errorf("create manager: %w", err)
 	}
 	testMetrics = NewMetrics(prometheus.NewRegistry())
+	testMetrics.EnableEndpointWeights(prometheus.NewRegistry())
 	operatorClient = mgr.GetClient()
 	r := &AdaptiveLoadBalancerReconciler{
 		Client:        mgr.GetClient(),

@@ -449,6 +449,16 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 	if o.Action == cycle.ActionWrite {
 		alb.Status.LastWeightWrite = &nowT
 	}
+	if o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun {
+		ws, pods := map[string]int{}, map[string]string{}
+		for _, r := range o.Decision.Endpoints {
+			ws[r.ID] = r.Weight
+			if p, ok := d.pods[r.ID]; ok {
+				pods[r.ID] = p.Name
+			}
+		}
+		w.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+	}
 	if err := w.Client.Status().Patch(ctx, alb, client.MergeFrom(base)); err != nil {
 		return client.IgnoreNotFound(err)
 	}

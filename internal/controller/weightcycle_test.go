@@ -50,6 +50,10 @@ type loopFixture struct {
 	loop   *WeightCycle
 	events *record.FakeRecorder
 	ips    []string
+
+	loadedTo           time.Time
+	cpuTotal, reqTotal []float64
+	pending            strings.Builder
 }
 
 const loopInterval = 5 * time.Second
@@ -89,18 +93,35 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode) *loopFixture {
 	return lf
 }
 
-// load imports, for the minute before the fake clock's now, each pod's CPU (cores) and request
-// rate, sampled every second.
+// load imports each pod's CPU (cores) and request rate from the previous load (or a minute ago)
+// up to the fake clock's now, sampled every second. The counters continue across calls, as a real
+// scrape's would: re-importing overlapping samples with other values would garble rate().
 func (lf *loopFixture) load(cores, rps []float64) {
 	lf.t.Helper()
 	now := lf.clock.Now()
-	var b strings.Builder
+	if lf.loadedTo.IsZero() {
+		lf.loadedTo = now.Add(-time.Minute)
+		lf.cpuTotal, lf.reqTotal = make([]float64, len(lf.ips)), make([]float64, len(lf.ips))
+		lf.writeSamples(lf.loadedTo)
+	}
+	for ts := lf.loadedTo.Add(time.Second); !ts.After(now); ts = ts.Add(time.Second) {
+		for i := range lf.ips {
+			lf.cpuTotal[i] += cores[i]
+			lf.reqTotal[i] += rps[i]
+		}
+		lf.writeSamples(ts)
+	}
+	lf.loadedTo = now
+	lf.vm.ImportText(lf.t, lf.pending.String())
+	lf.pending.Reset()
+}
+
+func (lf *loopFixture) writeSamples(ts time.Time) {
 	for i := range lf.ips {
 		pod := fmt.Sprintf("web-%d", i+1)
-		b.WriteString(vmtest.Counter(fmt.Sprintf(`container_cpu_usage_seconds_total{namespace=%q,pod=%q,container="app"}`, lf.ns, pod), cores[i], now.Add(-time.Minute), now, time.Second))
-		b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_requests_total{reporter="destination",namespace=%q,pod=%q,response_code="200"}`, lf.ns, pod), rps[i], now.Add(-time.Minute), now, time.Second))
+		fmt.Fprintf(&lf.pending, "container_cpu_usage_seconds_total{namespace=%q,pod=%q,container=\"app\"} %g %d\n", lf.ns, pod, lf.cpuTotal[i], ts.UnixMilli())
+		fmt.Fprintf(&lf.pending, "istio_requests_total{reporter=\"destination\",namespace=%q,pod=%q,response_code=\"200\"} %g %d\n", lf.ns, pod, lf.reqTotal[i], ts.UnixMilli())
 	}
-	lf.vm.ImportText(lf.t, b.String())
 }
 
 func (lf *loopFixture) key() types.NamespacedName {
@@ -302,6 +323,7 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	}
 	lf.loop.Source = src
 	lf.clock.Step(loopInterval)
+	lf.loadedTo = time.Time{} // the new server has no history yet
 	lf.load(skewedCores, equalRPS)
 	rep = lf.run()
 	o = rep.Outcomes[lf.key()]
