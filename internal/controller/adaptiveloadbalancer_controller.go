@@ -75,6 +75,7 @@ type AdaptiveLoadBalancerReconciler struct {
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=networking.istio.io,resources=serviceentries,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.istio.io,resources=destinationrules,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

@@ -112,7 +112,7 @@ func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.P
 		o(p)
 	}
 	f.create(p)
-	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, StartTime: &metav1.Time{Time: time.Now()},
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
 	if err := k8s.Status().Update(f.ctx, p); err != nil {
 		f.t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -221,6 +222,9 @@ type dueTarget struct {
 	podOrder  []string               // IPs in ServiceEntry order
 	current   map[string]int         // weight by IP
 	lastWrite time.Time
+	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
+	// new endpoints up over it, so their early signals do not show their capacity.
+	warmup time.Duration
 }
 
 func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarget, error) {
@@ -259,7 +263,11 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		if !metav1.IsControlledBy(se, alb) {
 			continue
 		}
-		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{}, current: map[string]int{}}
+		warmup, err := w.warmupOf(ctx, alb)
+		if err != nil {
+			return nil, err
+		}
+		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{}, current: map[string]int{}, warmup: warmup}
 		if alb.Status.LastWeightWrite != nil {
 			d.lastWrite = alb.Status.LastWeightWrite.Time
 		}
@@ -351,10 +359,13 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int) cy
 		ep := weights.Endpoint{ID: ip, CurrentWeight: d.current[ip]}
 		if pod, ok := d.pods[ip]; ok {
 			ep.CPULimitCores = cpuLimit(pod)
+			warming := d.warmup > 0 && pod.Status.StartTime != nil && now.Sub(pod.Status.StartTime.Time) < d.warmup
 			if o, ok := res.byPod[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]; ok {
 				ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
 				ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
-				ep.HasMetrics = o.CPUCores.Usable() && o.RequestRate.Usable()
+				// A pod still in its DestinationRule warm-up keeps the median weight: Envoy is
+				// ramping its traffic up, so its signals say nothing about its capacity yet.
+				ep.HasMetrics = o.CPUCores.Usable() && o.RequestRate.Usable() && !warming
 				if o.CPUCores.Present || o.RequestRate.Present {
 					usable++
 				}
@@ -471,4 +482,28 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		w.Recorder.Eventf(alb, corev1.EventTypeNormal, EventWeightsShifted, "an endpoint's weight moved by a factor of %.1f: %s", math.Exp(o.Need), o.Reason)
 	}
 	return nil
+}
+
+// warmupOf returns the warm-up (slow start) duration a DestinationRule in the Service's namespace
+// sets for the Service's host, or 0.
+func (w *WeightCycle) warmupOf(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (time.Duration, error) {
+	var rules networkingv1.DestinationRuleList
+	if err := w.Client.List(ctx, &rules, client.InNamespace(alb.Namespace)); err != nil {
+		return 0, fmt.Errorf("list DestinationRules in %s: %w", alb.Namespace, err)
+	}
+	svc := alb.Spec.TargetRef.Name
+	for _, dr := range rules.Items {
+		h := dr.Spec.Host
+		if h != svc && h != svc+"."+alb.Namespace && !strings.HasPrefix(h, svc+"."+alb.Namespace+".svc") {
+			continue
+		}
+		lb := dr.Spec.GetTrafficPolicy().GetLoadBalancer()
+		if d := lb.GetWarmup().GetDuration(); d != nil {
+			return d.AsDuration(), nil
+		}
+		if d := lb.GetWarmupDurationSecs(); d != nil {
+			return d.AsDuration(), nil
+		}
+	}
+	return 0, nil
 }

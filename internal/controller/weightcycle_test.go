@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/durationpb"
+	apinetworkingv1 "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -441,4 +444,25 @@ func orderedWeights(ips []string, w map[string]int) []int {
 		out[i] = w[ip]
 	}
 	return out
+}
+
+func TestWeightCycle_RespectsTheDestinationRuleWarmup(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	dr := &networkingv1.DestinationRule{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: lf.ns}}
+	dr.Spec.Host = "web"
+	dr.Spec.TrafficPolicy = &apinetworkingv1.TrafficPolicy{LoadBalancer: &apinetworkingv1.LoadBalancerSettings{
+		Warmup: &apinetworkingv1.WarmupConfiguration{Duration: durationpb.New(5 * time.Minute)}}}
+	lf.create(dr)
+	lf.load(skewedCores, equalRPS)
+	// Every pod started moments ago: Envoy is still ramping them up, so their signals are not
+	// trusted and the weights stay equal.
+	rep := lf.run()
+	if o := rep.Outcomes[lf.key()]; lf.wrote(rep) != 0 || o.Decision.Changed {
+		t.Fatalf("weights changed during the warm-up: %+v", o)
+	}
+	lf.clock.Step(6 * time.Minute)
+	lf.load(skewedCores, equalRPS)
+	if rep := lf.run(); lf.wrote(rep) != 1 {
+		t.Fatalf("after the warm-up: %+v", rep.Outcomes[lf.key()])
+	}
 }
