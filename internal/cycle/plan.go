@@ -106,29 +106,19 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		for i := range eps {
 			eps[i].HasMetrics = false
 		}
-		d, err := weights.Compute(weights.Input{Endpoints: eps}, t.Settings)
-		if err != nil {
-			out.Err = err
-			out.Action = ActionNone
-			out.Reason = err.Error()
+		if !decideWith(&out, weights.Input{Endpoints: eps}, t.Settings) {
 			return out, st
 		}
-		out.Decision = d
 		out.Fallback = true
 		out.FallbackStarted = !st.FallenBack
 		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
 		st.FallenBack = true
 	} else {
-		d, err := weights.Compute(weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage}, t.Settings)
-		if err != nil {
-			out.Err = err
-			out.Action = ActionNone
-			out.Reason = err.Error()
+		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage}, t.Settings) {
 			return out, st
 		}
-		out.Decision = d
 		out.Recovered = st.FallenBack
-		out.Reason = d.Reason
+		out.Reason = out.Decision.Reason
 		st.LastGoodMetrics = now
 		st.FallenBack = false
 	}
@@ -144,6 +134,18 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Action = ActionWrite
 	}
 	return out, st
+}
+
+// decideWith runs the engine into out; on an engine error it records it, leaves the target alone
+// and returns false.
+func decideWith(out *Outcome, in weights.Input, s weights.Settings) bool {
+	d, err := weights.Compute(in, s)
+	if err != nil {
+		out.Err, out.Action, out.Reason = err, ActionNone, err.Error()
+		return false
+	}
+	out.Decision = d
+	return true
 }
 
 // keep returns a decision that leaves every weight as it is.
