@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap/zapcore"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -200,6 +201,9 @@ func (o *runOptions) run(ctx context.Context) error {
 	if err := requireServiceEntryCRD(mgr.GetRESTMapper()); err != nil {
 		return err
 	}
+	if err := waitForOwnCRD(ctx, mgr.GetRESTMapper(), logger); err != nil {
+		return err
+	}
 	opMetrics := controller.DefaultMetrics()
 	if o.endpointWeightMetrics {
 		opMetrics.EnableEndpointWeights(ctrlmetrics.Registry)
@@ -246,6 +250,27 @@ func (o *runOptions) run(ctx context.Context) error {
 		return fmt.Errorf("operator stopped: %w", err)
 	}
 	return nil
+}
+
+// waitForOwnCRD waits, logging what to do, while the AdaptiveLoadBalancer CRD is missing (an
+// install applied in the wrong order): crash-looping would not install it any sooner.
+func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logger) error {
+	gk := schema.GroupKind{Group: adlbv1.GroupVersion.Group, Kind: "AdaptiveLoadBalancer"}
+	for {
+		_, err := mapper.RESTMapping(gk, adlbv1.GroupVersion.Version)
+		if err == nil {
+			return nil
+		}
+		if !meta.IsNoMatchError(err) {
+			return fmt.Errorf("look up the AdaptiveLoadBalancer API: %w", err)
+		}
+		logger.Error(err, "the AdaptiveLoadBalancer CRD is not installed; apply charts/adaptive-lb/crds/ (or config/crd/bases/). Waiting for it.")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
 
 func requireServiceEntryCRD(mapper meta.RESTMapper) error {

@@ -1,12 +1,21 @@
 package main
 
 import (
+	"context"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
 
 func TestRun_RejectsBadFlags(t *testing.T) {
@@ -58,4 +67,73 @@ func TestRun_WithoutIstioCRDsFailsWithWhatToInstall(t *testing.T) {
 	if code != exitFailure || !strings.Contains(errOut, "the ServiceEntry CRD (networking.istio.io/v1) is not installed: install Istio") {
 		t.Fatalf("exit %d stderr %q", code, errOut)
 	}
+}
+
+func TestRun_WaitsForItsOwnCRDInsteadOfCrashing(t *testing.T) {
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`")
+		}
+		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd")
+	}
+	istioCRDs, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Istio is installed, adaptive-lb's CRD is not (yet).
+	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(strings.TrimSpace(string(istioCRDs)), "kubernetes", "customresourcedefinitions.gen.yaml")}, ErrorIfCRDPathMissing: true}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan error, 1)
+	go func() {
+		root := newRootCmd(io.Discard, io.Discard)
+		root.SetArgs([]string{"run", "--kubeconfig", path, "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
+		exited <- root.ExecuteContext(ctx)
+	}()
+	defer func() { cancel(); <-exited }()
+	// Install the CRD late; the operator, still running, picks it up and serves an object.
+	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{filepath.Join("..", "..", "config", "crd", "bases")}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("the operator exited without its CRD: %v", err)
+	default:
+	}
+	scheme, _ := operatorScheme()
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}); err != nil {
+		t.Fatal(err)
+	}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"}, Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"}}}
+	if err := c.Create(ctx, alb); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(alb), alb); err == nil && len(alb.Status.Conditions) > 0 {
+			return // reconciled: TargetNotFound, since there is no Service
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the operator never reconciled after its CRD was installed")
 }
