@@ -210,6 +210,11 @@ type EndpointStatus struct {
 	// Reason explains the weight, e.g. "no metrics: median weight".
 	// +optional
 	Reason string `json:"reason,omitempty"`
+	// CPUCores and RequestRate are the signals the last weight cycle saw for this endpoint.
+	// +optional
+	CPUCores Decimal `json:"cpuCores,omitempty"`
+	// +optional
+	RequestRate Decimal `json:"requestRate,omitempty"`
 	// LastChange is when this endpoint's weight last changed.
 	// +optional
 	LastChange *metav1.Time `json:"lastChange,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -153,7 +154,8 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	var targets []cycle.Target
 	for _, d := range due {
-		targets = append(targets, d.target(start, batches[d.interval], max(1, w.HoldIntervals)))
+		d.observed = d.target(start, batches[d.interval], max(1, w.HoldIntervals))
+		targets = append(targets, d.observed)
 	}
 	prev := map[string]cycle.State{}
 	for _, d := range due {
@@ -222,6 +224,8 @@ type dueTarget struct {
 	podOrder  []string               // IPs in ServiceEntry order
 	current   map[string]int         // weight by IP
 	lastWrite time.Time
+	// observed is what the engine was given this cycle, for the status.
+	observed cycle.Target
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
 	// new endpoints up over it, so their early signals do not show their capacity.
 	warmup time.Duration
@@ -442,6 +446,12 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 	for _, r := range o.Decision.Endpoints {
 		reasons[r.ID] = r
 	}
+	signals := map[string]weights.Endpoint{}
+	for _, e := range d.observed.Endpoints {
+		if e.HasMetrics {
+			signals[e.ID] = e
+		}
+	}
 	nowT := metav1.NewTime(now)
 	for i := range alb.Status.Endpoints {
 		e := &alb.Status.Endpoints[i]
@@ -450,6 +460,11 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 			continue
 		}
 		e.Reason = r.Reason
+		e.CPUCores, e.RequestRate = "", ""
+		if sig, ok := signals[e.IP]; ok {
+			e.CPUCores = adlbv1.Decimal(strconv.FormatFloat(sig.CPUCores, 'f', 3, 64))
+			e.RequestRate = adlbv1.Decimal(strconv.FormatFloat(sig.RequestRate, 'f', 1, 64))
+		}
 		if o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun {
 			if int32(r.Weight) != e.Weight {
 				e.Weight = int32(r.Weight)

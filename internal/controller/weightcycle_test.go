@@ -217,6 +217,19 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 	}
 	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied)
 	lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionTrue, adlbv1.ReasonMetricsOK)
+	// Status explains each weight with the signals behind it.
+	lf.eventually("status shows signals and reasons", func() error {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(lf.ctx, lf.key(), a); err != nil {
+			return err
+		}
+		for _, e := range a.Status.Endpoints {
+			if e.IP == lf.ips[5] && e.CPUCores == "0.600" && e.RequestRate == "100.0" && e.Reason != "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("endpoints %+v", a.Status.Endpoints)
+	})
 	if rep.Pushes != 1 {
 		t.Fatalf("estimated istiod pushes %d, want 1", rep.Pushes)
 	}
