@@ -108,7 +108,8 @@ func TestChart_CRDIsTheGeneratedOne(t *testing.T) {
 }
 
 func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
-	objs := render(t, "tsdb.url=http://vmselect:8481", "tsdb.pathPrefix=/select/0/prometheus", "tsdb.headers.X-Scope-OrgID=team-a", "tsdb.bearerTokenSecret=tsdb-token")
+	objs := render(t, "tsdb.url=http://vmselect:8481", "tsdb.pathPrefix=/select/0/prometheus", "tsdb.headers.X-Scope-OrgID=team-a", "tsdb.bearerTokenSecret=tsdb-token",
+		"tsdb.tls.secret=tsdb-tls", "tsdb.tls.clientCert=true", "metrics.endpointWeights=false")
 	d := objs["Deployment/lb-adaptive-lb"]
 	if d == nil {
 		t.Fatalf("no Deployment; got %v", keys(objs))
@@ -121,7 +122,9 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 	args := strings.Join(toStrings(c["args"]), " ")
 	for _, want := range []string{"run", "--leader-elect", "--leader-election-namespace=adaptive-lb-system", "--tsdb-url=http://vmselect:8481",
 		"--tsdb-path-prefix=/select/0/prometheus", "--tsdb-header=X-Scope-OrgID=team-a", "--tsdb-bearer-token-file=/var/run/secrets/tsdb/token/token",
-		"--metrics-bind-address=:8443", "--health-probe-bind-address=:8081", "--write-budget=50"} {
+		"--metrics-bind-address=:8443", "--health-probe-bind-address=:8081", "--write-budget=50",
+		"--tsdb-tls-ca-file=/var/run/secrets/tsdb/tls/ca.crt", "--tsdb-tls-cert-file=/var/run/secrets/tsdb/tls/tls.crt",
+		"--tsdb-tls-key-file=/var/run/secrets/tsdb/tls/tls.key", "--endpoint-weight-metrics=false"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}
@@ -151,6 +154,12 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 	}
 	if single := render(t, "replicaCount=1", "leaderElection.enabled=false"); single["Role/lb-adaptive-lb-leader-election"] != nil {
 		t.Error("leader-election Role rendered with leader election off")
+	}
+	// A basic-auth username without its password Secret is refused, not rendered half-wired.
+	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	out, err := exec.Command(helm, "template", "lb", chartDir, "--kube-version", "1.36.3", "--set", "tsdb.url=http://vm:8428", "--set", "tsdb.basicAuth.username=op").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "tsdb.basicAuth.username needs tsdb.basicAuth.passwordSecret") {
+		t.Errorf("basic auth without a password Secret: err %v, output %s", err, out)
 	}
 }
 
