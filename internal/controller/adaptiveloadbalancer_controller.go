@@ -199,9 +199,11 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 		return mirrorOutcome{}, err
 	}
 	return mirrorOutcome{
-		status:       metav1.ConditionTrue,
-		reason:       adlbv1.ReasonMirrored,
-		message:      fmt.Sprintf("ServiceEntry %s mirrors %d ready endpoints of Service %s", svc.Name, len(endpoints), svc.Name),
+		status: metav1.ConditionTrue,
+		reason: adlbv1.ReasonMirrored,
+		// No endpoint count here: a message that changes with every endpoint change would defeat
+		// the throttle on endpoint-only status writes (the count is in status.endpointCount).
+		message:      fmt.Sprintf("ServiceEntry %s mirrors the ready endpoints of Service %s", svc.Name, svc.Name),
 		serviceEntry: svc.Name,
 		endpoints:    endpoints,
 	}, nil

@@ -13,7 +13,10 @@ import (
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -77,6 +80,7 @@ func BenchmarkEndpointPropagation(b *testing.B) {
 	const writers = 10
 	for b.Loop() {
 		propagationSamples.start()
+		profileDone := profileAPIServer(b, os.Getenv("ADAPTIVELB_BENCH_APISERVER_PROFILE"), 30*time.Second)
 		var wg sync.WaitGroup
 		var changes atomic.Int64
 		errs := make(chan error, writers)
@@ -103,6 +107,7 @@ func BenchmarkEndpointPropagation(b *testing.B) {
 			}()
 		}
 		wg.Wait()
+		<-profileDone
 		close(errs)
 		for err := range errs {
 			b.Fatal(err)
@@ -201,4 +206,39 @@ func workqueueMeans(b *testing.B) (queue, work float64) {
 		return 0
 	}
 	return mean("workqueue_queue_duration_seconds"), mean("workqueue_work_duration_seconds")
+}
+
+// profileAPIServer, when path is set, records a CPU profile of kube-apiserver (its
+// /debug/pprof endpoint, on by default) for the given duration into path: the propagation delay
+// is bounded by the API server's cost per write, and this shows where that cost goes. The
+// returned channel closes when the profile is written.
+func profileAPIServer(b *testing.B, path string, d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	if path == "" {
+		close(done)
+		return done
+	}
+	rc, err := rest.RESTClientFor(restConfigForRaw(testConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		defer close(done)
+		body, err := rc.Get().AbsPath("/debug/pprof/profile").Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d + time.Minute).DoRaw(b.Context())
+		if err != nil {
+			b.Errorf("profile kube-apiserver: %v", err)
+			return
+		}
+		if err := os.WriteFile(path, body, 0o644); err != nil {
+			b.Errorf("write kube-apiserver profile: %v", err)
+		}
+	}()
+	return done
+}
+
+func restConfigForRaw(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &schema.GroupVersion{}
+	c.NegotiatedSerializer = clientgoscheme.Codecs.WithoutConversion()
+	return c
 }
