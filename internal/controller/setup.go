@@ -66,6 +66,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		r.ClusterDomain = "cluster.local"
 	}
 	r.propagation = newPropagationTracker()
+	r.apiReader = mgr.GetAPIReader()
 	if err := SetupIndexes(ctx, mgr); err != nil {
 		return err
 	}
@@ -210,18 +211,17 @@ func topologyChanged() predicate.Predicate {
 	}
 }
 
-// notOwnWrite drops the watch event of the operator's own last ServiceEntry write: reconciling it
-// would find nothing to do and only take a worker from the next endpoint change. Anyone else's
-// edit has another resourceVersion and is reconciled (and reverted).
+// notOwnWrite drops the watch events of ServiceEntry versions the operator already knows (its
+// own writes): reconciling them would find nothing to do and only take a worker from the next
+// endpoint change. Anyone else's edit has another resourceVersion and is reconciled (and
+// reverted).
 func (r *AdaptiveLoadBalancerReconciler) notOwnWrite() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.ObjectNew))
-			return !ok || rv.(string) != e.ObjectNew.GetResourceVersion()
+			return !r.versions.known(client.ObjectKeyFromObject(e.ObjectNew), e.ObjectNew.GetResourceVersion())
 		},
 		CreateFunc: func(e event.CreateEvent) bool {
-			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.Object))
-			return !ok || rv.(string) != e.Object.GetResourceVersion()
+			return !r.versions.known(client.ObjectKeyFromObject(e.Object), e.Object.GetResourceVersion())
 		},
 	}
 }
