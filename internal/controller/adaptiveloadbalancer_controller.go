@@ -248,7 +248,7 @@ func upToDate(se *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry)
 // or "" when this one is the oldest (ties broken by name, so every replica agrees).
 func (r *AdaptiveLoadBalancerReconciler) conflictWinner(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (string, error) {
 	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexTargetName: alb.Spec.TargetRef.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexTargetName: alb.Spec.TargetRef.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return "", fmt.Errorf("list AdaptiveLoadBalancers targeting %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
 	for _, other := range list.Items {
@@ -270,10 +270,12 @@ func older(a, b *adlbv1.AdaptiveLoadBalancer) bool {
 }
 
 // gather collects the builder's input from the informer caches: no API calls, no lists beyond
-// indexed lookups.
+// indexed lookups. The slices, pods and nodes are the cache's own objects, not copies (the
+// reads run on every endpoint change): istio.Build only reads its input, and nothing else here
+// may modify them.
 func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing *networkingv1.ServiceEntry) (istio.Input, error) {
 	var slices discoveryv1.EndpointSliceList
-	if err := r.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingFields{indexSliceService: svc.Name}); err != nil {
+	if err := r.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingFields{indexSliceService: svc.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return istio.Input{}, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	in := istio.Input{
@@ -295,7 +297,7 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 				continue
 			}
 			pod := &corev1.Pod{}
-			err := r.Get(ctx, types.NamespacedName{Namespace: svc.Namespace, Name: ep.TargetRef.Name}, pod)
+			err := r.Get(ctx, types.NamespacedName{Namespace: svc.Namespace, Name: ep.TargetRef.Name}, pod, client.UnsafeDisableDeepCopy)
 			if apierrors.IsNotFound(err) {
 				continue
 			}
@@ -306,7 +308,7 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 			if pod.Spec.NodeName != "" {
 				if _, done := in.Nodes[pod.Spec.NodeName]; !done {
 					node := &corev1.Node{}
-					if err := r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node); err == nil {
+					if err := r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node, client.UnsafeDisableDeepCopy); err == nil {
 						in.Nodes[node.Name] = node
 					} else if !apierrors.IsNotFound(err) {
 						return istio.Input{}, fmt.Errorf("get Node %s: %w", pod.Spec.NodeName, err)

@@ -27,6 +27,7 @@ import (
 const (
 	indexTargetName   = "spec.targetRef.name"
 	indexSliceService = "metadata.labels.service-name"
+	indexSlicePod     = "endpoints.targetRef.pod"
 	indexPodIP        = "status.podIP"
 )
 
@@ -46,6 +47,17 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 			ips = append(ips, o.(*corev1.Pod).Status.PodIP)
 		}
 		return ips
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, indexSlicePod, func(o client.Object) []string {
+		var pods []string
+		for _, ep := range o.(*discoveryv1.EndpointSlice).Endpoints {
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+				pods = append(pods, ep.TargetRef.Name)
+			}
+		}
+		return pods
 	}); err != nil {
 		return err
 	}
@@ -93,7 +105,10 @@ func (r *AdaptiveLoadBalancerReconciler) forService(ctx context.Context, o clien
 
 func (r *AdaptiveLoadBalancerReconciler) targeting(ctx context.Context, namespace, service string) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list, client.InNamespace(namespace), client.MatchingFields{indexTargetName: service}); err != nil {
+	// Read-only lookups in the event handlers skip the cache's deep copies: under endpoint churn
+	// they run for every event, and the copies (status endpoint lists included) are most of
+	// their cost.
+	if err := r.List(ctx, &list, client.InNamespace(namespace), client.MatchingFields{indexTargetName: service}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -133,21 +148,23 @@ func (r *AdaptiveLoadBalancerReconciler) sliceHandler() handler.EventHandler {
 	}
 }
 
-// forPod maps a pod to the AdaptiveLoadBalancers of the Services that select it.
+// forPod maps a pod to the AdaptiveLoadBalancers of the Services whose EndpointSlices list it:
+// only those pods' labels, service account, node and sidecar reach a ServiceEntry. A pod no
+// slice lists yet needs nothing: the slice update that adds it triggers the mirror.
 func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Object) []reconcile.Request {
-	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+	var slices discoveryv1.EndpointSliceList
+	if err := r.List(ctx, &slices, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexSlicePod: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
-	for _, alb := range list.Items {
-		svc := &corev1.Service{}
-		if err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, svc); err != nil {
+	services := map[string]bool{}
+	for i := range slices.Items {
+		service := slices.Items[i].Labels[discoveryv1.LabelServiceName]
+		if service == "" || services[service] {
 			continue
 		}
-		if len(svc.Spec.Selector) > 0 && labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(o.GetLabels())) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
-		}
+		services[service] = true
+		reqs = append(reqs, r.targeting(ctx, o.GetNamespace(), service)...)
 	}
 	return reqs
 }
@@ -156,7 +173,7 @@ func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Ob
 // rare; the locality of its pods' endpoints depends on them.
 func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list); err != nil {
+	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
