@@ -28,6 +28,15 @@ func (v *serviceEntryVersions) forget(key client.ObjectKey) {
 	v.m.Delete(key)
 }
 
+// forgetDeleted drops the remembered version if it is of the deleted object, not of one the
+// operator has created since under the same name.
+func (v *serviceEntryVersions) forgetDeleted(deleted client.Object) {
+	key := client.ObjectKeyFromObject(deleted)
+	if got, ok := v.m.Load(key); ok && got.(*networkingv1.ServiceEntry).UID == deleted.GetUID() {
+		v.m.CompareAndDelete(key, got)
+	}
+}
+
 // newest returns the version to base a write on: the remembered one unless the cache holds a
 // different object (deleted and re-created by someone else) or nothing is remembered. The
 // result is the caller's to modify. cached may be nil (not in the cache yet). A remembered

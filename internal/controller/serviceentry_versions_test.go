@@ -43,8 +43,17 @@ func TestServiceEntryVersions_NewestPrefersTheOperatorsOwnLastWrite(t *testing.T
 		t.Fatal("newest must return a copy the caller may modify")
 	}
 
-	v.forget(key)
+	v.forgetDeleted(se("old", "3"))
+	if !v.known(key, "7") {
+		t.Fatal("the deletion of an older object of the same name must not drop the remembered version")
+	}
+	v.forgetDeleted(se("a", "7"))
 	if v.known(key, "7") {
+		t.Fatal("the deletion of the remembered object must drop it")
+	}
+	v.remember(se("a", "8"))
+	v.forget(key)
+	if v.known(key, "8") {
 		t.Fatal("forget must drop the remembered version")
 	}
 }

@@ -86,6 +86,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
+		Watches(&networkingv1.ServiceEntry{}, r.forgetDeleted()).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
@@ -224,6 +225,17 @@ func topologyChanged() predicate.Predicate {
 				}
 			}
 			return false
+		},
+	}
+}
+
+// forgetDeleted drops the remembered version of a deleted ServiceEntry (its owner deleted, or
+// someone else deleted it), so versions hold nothing for objects that are gone. It enqueues
+// nothing: Owns does.
+func (r *AdaptiveLoadBalancerReconciler) forgetDeleted() handler.EventHandler {
+	return handler.Funcs{
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.versions.forgetDeleted(e.Object)
 		},
 	}
 }

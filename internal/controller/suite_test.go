@@ -50,6 +50,9 @@ type seWriteCounter struct{ next http.RoundTripper }
 func (c seWriteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method != http.MethodGet && strings.Contains(req.URL.Path, "/serviceentries") {
 		seWrites.Add(1)
+		if resp := injectedFault(req); resp != nil {
+			return resp, nil
+		}
 	}
 	return c.next.RoundTrip(req)
 }
