@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,7 +166,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		ClusterDomain: "cluster.local",
 	}
 	r.observePropagation = propagationSamples.add
-	if err := r.SetupWithManager(ctx, mgr, 8); err != nil {
+	if err := r.SetupWithManager(ctx, mgr, benchWorkers()); err != nil {
 		return fmt.Errorf("set up reconciler: %w", err)
 	}
 	go func() {
@@ -198,4 +199,13 @@ func requireEnv(t testing.TB) {
 		t.Fatal(envSkipCause)
 	}
 	t.Skip(envSkipCause)
+}
+
+// benchWorkers is the operator's concurrent reconciles: the run command's default, or
+// ADAPTIVELB_BENCH_WORKERS to explore the propagation benchmark.
+func benchWorkers() int {
+	if n, err := strconv.Atoi(os.Getenv("ADAPTIVELB_BENCH_WORKERS")); err == nil && n > 0 {
+		return n
+	}
+	return 8
 }
