@@ -67,7 +67,8 @@ type AdaptiveLoadBalancerReconciler struct {
 
 	propagation     *propagationTracker
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
-	ownWrites       sync.Map // ServiceEntry key → resourceVersion of the operator's last write
+	versions        serviceEntryVersions
+	apiReader       client.Reader // uncached reads, when the cache and the remembered version disagree
 	// observePropagation, when set (benchmarks), also receives every propagation delay exactly.
 	observePropagation func(time.Duration)
 }
@@ -166,14 +167,39 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonUnsupported, message: err.Error()}, nil
 	}
 
-	existing := &networkingv1.ServiceEntry{}
-	err = r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: svc.Name}, existing)
+	key := types.NamespacedName{Namespace: alb.Namespace, Name: svc.Name}
+	cached := &networkingv1.ServiceEntry{}
+	err = r.Get(ctx, key, cached)
 	switch {
 	case apierrors.IsNotFound(err):
-		existing = nil
+		cached = nil
 	case err != nil:
-		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, svc.Name, err)
-	case !metav1.IsControlledBy(existing, alb):
+		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
+	}
+	outcome, err := r.mirrorInto(ctx, alb, svc, r.versions.newest(key, cached), cached)
+	if errors.Is(err, errStaleView) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
+		// The cache and the remembered version disagree, or someone else wrote since: decide
+		// on the API server's current object.
+		live := &networkingv1.ServiceEntry{}
+		if err := r.apiReader.Get(ctx, key, live); apierrors.IsNotFound(err) {
+			live = nil
+		} else if err != nil {
+			return mirrorOutcome{}, fmt.Errorf("read ServiceEntry %s/%s from the API server: %w", key.Namespace, key.Name, err)
+		}
+		r.versions.forget(key)
+		outcome, err = r.mirrorInto(ctx, alb, svc, live, live)
+	}
+	return outcome, err
+}
+
+// errStaleView: the remembered ServiceEntry already matches, but the cache shows another version
+// that does not: either the cache lags the operator's last write or someone else edited it.
+var errStaleView = errors.New("cached ServiceEntry differs from the remembered one")
+
+// mirrorInto writes the desired ServiceEntry over existing (nil: none), the newest version known,
+// and cached, the informer's version of it.
+func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry) (mirrorOutcome, error) {
+	if existing != nil && !metav1.IsControlledBy(existing, alb) {
 		msg := fmt.Sprintf("ServiceEntry %s/%s exists and is not owned by this AdaptiveLoadBalancer; adaptive-lb never overwrites it. Rename or delete it to let adaptive-lb manage the Service.", existing.Namespace, existing.Name)
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventNotOwned, msg)
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonServiceEntryNotOwned, message: msg}, nil
@@ -195,23 +221,34 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
+	if existing != nil && cached != nil && existing.ResourceVersion != cached.ResourceVersion &&
+		upToDate(existing, spec) && !upToDate(cached, spec) {
+		return mirrorOutcome{}, errStaleView
+	}
 	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
 		return mirrorOutcome{}, err
 	}
 	return mirrorOutcome{
-		status:       metav1.ConditionTrue,
-		reason:       adlbv1.ReasonMirrored,
-		message:      fmt.Sprintf("ServiceEntry %s mirrors %d ready endpoints of Service %s", svc.Name, len(endpoints), svc.Name),
+		status: metav1.ConditionTrue,
+		reason: adlbv1.ReasonMirrored,
+		// No endpoint count here: a message that changes with every endpoint change would defeat
+		// the throttle on endpoint-only status writes (the count is in status.endpointCount).
+		message:      fmt.Sprintf("ServiceEntry %s mirrors the ready endpoints of Service %s", svc.Name, svc.Name),
 		serviceEntry: svc.Name,
 		endpoints:    endpoints,
 	}, nil
+}
+
+// upToDate reports whether the ServiceEntry already has the desired spec and is marked as ours.
+func upToDate(se *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry) bool {
+	return proto.Equal(&se.Spec, spec) && se.Labels[ManagedByLabel] == ManagedByValue
 }
 
 // conflictWinner returns the name of an older AdaptiveLoadBalancer targeting the same Service,
 // or "" when this one is the oldest (ties broken by name, so every replica agrees).
 func (r *AdaptiveLoadBalancerReconciler) conflictWinner(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (string, error) {
 	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexTargetName: alb.Spec.TargetRef.Name}); err != nil {
+	if err := r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexTargetName: alb.Spec.TargetRef.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return "", fmt.Errorf("list AdaptiveLoadBalancers targeting %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
 	for _, other := range list.Items {
@@ -233,10 +270,12 @@ func older(a, b *adlbv1.AdaptiveLoadBalancer) bool {
 }
 
 // gather collects the builder's input from the informer caches: no API calls, no lists beyond
-// indexed lookups.
+// indexed lookups. The slices, pods and nodes are the cache's own objects, not copies (the
+// reads run on every endpoint change): istio.Build only reads its input, and nothing else here
+// may modify them.
 func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing *networkingv1.ServiceEntry) (istio.Input, error) {
 	var slices discoveryv1.EndpointSliceList
-	if err := r.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingFields{indexSliceService: svc.Name}); err != nil {
+	if err := r.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingFields{indexSliceService: svc.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return istio.Input{}, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	in := istio.Input{
@@ -258,7 +297,7 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 				continue
 			}
 			pod := &corev1.Pod{}
-			err := r.Get(ctx, types.NamespacedName{Namespace: svc.Namespace, Name: ep.TargetRef.Name}, pod)
+			err := r.Get(ctx, types.NamespacedName{Namespace: svc.Namespace, Name: ep.TargetRef.Name}, pod, client.UnsafeDisableDeepCopy)
 			if apierrors.IsNotFound(err) {
 				continue
 			}
@@ -269,7 +308,7 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 			if pod.Spec.NodeName != "" {
 				if _, done := in.Nodes[pod.Spec.NodeName]; !done {
 					node := &corev1.Node{}
-					if err := r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node); err == nil {
+					if err := r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node, client.UnsafeDisableDeepCopy); err == nil {
 						in.Nodes[node.Name] = node
 					} else if !apierrors.IsNotFound(err) {
 						return istio.Input{}, fmt.Errorf("get Node %s: %w", pod.Spec.NodeName, err)
@@ -353,19 +392,16 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		if err := r.Create(ctx, se); err != nil {
 			return fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
-		r.ownWrites.Store(client.ObjectKeyFromObject(se), se.ResourceVersion)
+		r.versions.remember(se)
 		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
 		return nil
 	}
-	if proto.Equal(&existing.Spec, spec) && existing.Labels[ManagedByLabel] == ManagedByValue {
+	if upToDate(existing, spec) {
 		return nil
 	}
-	// A merge patch of the spec needs no resourceVersion: the informer cache often lags our own
-	// previous write under endpoint churn, and an optimistic update would then cost a conflict
-	// and a retry on the latency-critical path. Writes to one ServiceEntry are already serialised
-	// (one reconcile per key at a time, one leader), so nothing is lost.
-	base := existing.DeepCopy()
+	// An update based on the newest known version (see serviceEntryVersions): it conflicts only
+	// when someone else wrote since, and then the caller reads the live object and retries.
 	updated := existing.DeepCopy()
 	updated.Spec.Reset()
 	proto.Merge(&updated.Spec, spec)
@@ -374,10 +410,10 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	}
 	updated.Labels[ManagedByLabel] = ManagedByValue
 	updated.Labels[ServiceEntryOwnerLabel] = alb.Name
-	if err := r.Patch(ctx, updated, client.MergeFrom(base)); err != nil {
-		return fmt.Errorf("patch ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+	if err := r.Update(ctx, updated); err != nil {
+		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
-	r.ownWrites.Store(client.ObjectKeyFromObject(updated), updated.ResourceVersion)
+	r.versions.remember(updated)
 	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 	return nil
 }
@@ -397,6 +433,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 	if err := r.Delete(ctx, se); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
+	r.versions.forget(client.ObjectKeyFromObject(se))
 	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: its Service cannot be mirrored", se.Name)
 	return nil
 }

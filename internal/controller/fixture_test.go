@@ -35,7 +35,7 @@ type fixture struct {
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	requireEnv(t)
-	ns := fmt.Sprintf("t%d-%s", nsCounter.Add(1), strings.ToLower(strings.ReplaceAll(t.Name(), "_", "-")))
+	ns := fmt.Sprintf("t%d-%s", nsCounter.Add(1), strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name())))
 	if len(ns) > 60 {
 		ns = ns[:60]
 	}

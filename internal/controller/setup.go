@@ -27,6 +27,7 @@ import (
 const (
 	indexTargetName   = "spec.targetRef.name"
 	indexSliceService = "metadata.labels.service-name"
+	indexSlicePod     = "endpoints.targetRef.pod"
 	indexPodIP        = "status.podIP"
 )
 
@@ -49,6 +50,17 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, indexSlicePod, func(o client.Object) []string {
+		var pods []string
+		for _, ep := range o.(*discoveryv1.EndpointSlice).Endpoints {
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+				pods = append(pods, ep.TargetRef.Name)
+			}
+		}
+		return pods
+	}); err != nil {
+		return err
+	}
 	return mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, indexSliceService, func(o client.Object) []string {
 		if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
 			return []string{name}
@@ -66,6 +78,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		r.ClusterDomain = "cluster.local"
 	}
 	r.propagation = newPropagationTracker()
+	r.apiReader = mgr.GetAPIReader()
 	if err := SetupIndexes(ctx, mgr); err != nil {
 		return err
 	}
@@ -73,6 +86,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
+		Watches(&networkingv1.ServiceEntry{}, r.forgetDeleted()).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
@@ -92,7 +106,10 @@ func (r *AdaptiveLoadBalancerReconciler) forService(ctx context.Context, o clien
 
 func (r *AdaptiveLoadBalancerReconciler) targeting(ctx context.Context, namespace, service string) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list, client.InNamespace(namespace), client.MatchingFields{indexTargetName: service}); err != nil {
+	// Read-only lookups in the event handlers skip the cache's deep copies: under endpoint churn
+	// they run for every event, and the copies (status endpoint lists included) are most of
+	// their cost.
+	if err := r.List(ctx, &list, client.InNamespace(namespace), client.MatchingFields{indexTargetName: service}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -132,21 +149,23 @@ func (r *AdaptiveLoadBalancerReconciler) sliceHandler() handler.EventHandler {
 	}
 }
 
-// forPod maps a pod to the AdaptiveLoadBalancers of the Services that select it.
+// forPod maps a pod to the AdaptiveLoadBalancers of the Services whose EndpointSlices list it:
+// only those pods' labels, service account, node and sidecar reach a ServiceEntry. A pod no
+// slice lists yet needs nothing: the slice update that adds it triggers the mirror.
 func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Object) []reconcile.Request {
-	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+	var slices discoveryv1.EndpointSliceList
+	if err := r.List(ctx, &slices, client.InNamespace(o.GetNamespace()), client.MatchingFields{indexSlicePod: o.GetName()}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
-	for _, alb := range list.Items {
-		svc := &corev1.Service{}
-		if err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, svc); err != nil {
+	services := map[string]bool{}
+	for i := range slices.Items {
+		service := slices.Items[i].Labels[discoveryv1.LabelServiceName]
+		if service == "" || services[service] {
 			continue
 		}
-		if len(svc.Spec.Selector) > 0 && labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(o.GetLabels())) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
-		}
+		services[service] = true
+		reqs = append(reqs, r.targeting(ctx, o.GetNamespace(), service)...)
 	}
 	return reqs
 }
@@ -155,7 +174,7 @@ func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Ob
 // rare; the locality of its pods' endpoints depends on them.
 func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
-	if err := r.List(ctx, &list); err != nil {
+	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
 	}
 	reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -210,18 +229,28 @@ func topologyChanged() predicate.Predicate {
 	}
 }
 
-// notOwnWrite drops the watch event of the operator's own last ServiceEntry write: reconciling it
-// would find nothing to do and only take a worker from the next endpoint change. Anyone else's
-// edit has another resourceVersion and is reconciled (and reverted).
+// forgetDeleted drops the remembered version of a deleted ServiceEntry (its owner deleted, or
+// someone else deleted it), so versions hold nothing for objects that are gone. It enqueues
+// nothing: Owns does.
+func (r *AdaptiveLoadBalancerReconciler) forgetDeleted() handler.EventHandler {
+	return handler.Funcs{
+		DeleteFunc: func(_ context.Context, e event.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.versions.forgetDeleted(e.Object)
+		},
+	}
+}
+
+// notOwnWrite drops the watch events of ServiceEntry versions the operator already knows (its
+// own writes): reconciling them would find nothing to do and only take a worker from the next
+// endpoint change. Anyone else's edit has another resourceVersion and is reconciled (and
+// reverted).
 func (r *AdaptiveLoadBalancerReconciler) notOwnWrite() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.ObjectNew))
-			return !ok || rv.(string) != e.ObjectNew.GetResourceVersion()
+			return !r.versions.known(client.ObjectKeyFromObject(e.ObjectNew), e.ObjectNew.GetResourceVersion())
 		},
 		CreateFunc: func(e event.CreateEvent) bool {
-			rv, ok := r.ownWrites.Load(client.ObjectKeyFromObject(e.Object))
-			return !ok || rv.(string) != e.Object.GetResourceVersion()
+			return !r.versions.known(client.ObjectKeyFromObject(e.Object), e.Object.GetResourceVersion())
 		},
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,9 @@ type seWriteCounter struct{ next http.RoundTripper }
 func (c seWriteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method != http.MethodGet && strings.Contains(req.URL.Path, "/serviceentries") {
 		seWrites.Add(1)
+		if resp := injectedFault(req); resp != nil {
+			return resp, nil
+		}
 	}
 	return c.next.RoundTrip(req)
 }
@@ -162,7 +166,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		ClusterDomain: "cluster.local",
 	}
 	r.observePropagation = propagationSamples.add
-	if err := r.SetupWithManager(ctx, mgr, 8); err != nil {
+	if err := r.SetupWithManager(ctx, mgr, benchWorkers()); err != nil {
 		return fmt.Errorf("set up reconciler: %w", err)
 	}
 	go func() {
@@ -195,4 +199,13 @@ func requireEnv(t testing.TB) {
 		t.Fatal(envSkipCause)
 	}
 	t.Skip(envSkipCause)
+}
+
+// benchWorkers is the operator's concurrent reconciles: the run command's default, or
+// ADAPTIVELB_BENCH_WORKERS to explore the propagation benchmark.
+func benchWorkers() int {
+	if n, err := strconv.Atoi(os.Getenv("ADAPTIVELB_BENCH_WORKERS")); err == nil && n > 0 {
+		return n
+	}
+	return 8
 }
