@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,10 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -41,25 +38,7 @@ const operatorNamespace = "adaptive-lb-system"
 // operator's ServiceAccount.
 func operatorEnv(t testing.TB, mutateRole func(*unstructured.Unstructured)) (client.Client, string) {
 	t.Helper()
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`")
-		}
-		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd")
-	}
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "config", "crd", "bases"), filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml")},
-		ErrorIfCRDPathMissing: true,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	env, cfg := startAPIServer(t, ownCRDPath, istioCRDPath(t))
 	scheme, err := operatorScheme()
 	if err != nil {
 		t.Fatal(err)
@@ -79,25 +58,7 @@ func operatorEnv(t testing.TB, mutateRole func(*unstructured.Unstructured)) (cli
 	applyDir(t, admin, filepath.Join("..", "..", "config", "rbac"), mutateRole)
 
 	// A kubeconfig that acts as the operator's ServiceAccount, nothing more.
-	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientcmd.Load(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range kc.AuthInfos {
-		a.Impersonate = "system:serviceaccount:" + operatorNamespace + ":adaptive-lb"
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "operator.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := kubeconfigFile(t, env, "system:serviceaccount:"+operatorNamespace+":adaptive-lb")
 	return admin, kubeconfig
 }
 

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,30 +36,9 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 }
 
 func TestRun_WithoutIstioCRDsFailsWithWhatToInstall(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`")
-		}
-		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd")
-	}
 	// A cluster with adaptive-lb's CRD but no Istio.
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join("..", "..", "config", "crd", "bases")}, ErrorIfCRDPathMissing: true}
-	if _, err := env.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = env.Stop() }()
-	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	env, _ := startAPIServer(t, ownCRDPath)
+	path := kubeconfigFile(t, env, "")
 	code, _, errOut := runCLI(t, "run", "--kubeconfig", path, "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	if code != exitFailure || !strings.Contains(errOut, "the ServiceEntry CRD (networking.istio.io/v1) is not installed: install Istio") {
 		t.Fatalf("exit %d stderr %q", code, errOut)
@@ -70,35 +46,9 @@ func TestRun_WithoutIstioCRDsFailsWithWhatToInstall(t *testing.T) {
 }
 
 func TestRun_WaitsForItsOwnCRDInsteadOfCrashing(t *testing.T) {
-	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`")
-		}
-		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd")
-	}
-	istioCRDs, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Istio is installed, adaptive-lb's CRD is not (yet).
-	env := &envtest.Environment{CRDDirectoryPaths: []string{filepath.Join(strings.TrimSpace(string(istioCRDs)), "kubernetes", "customresourcedefinitions.gen.yaml")}, ErrorIfCRDPathMissing: true}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = env.Stop() }()
-	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	env, cfg := startAPIServer(t, istioCRDPath(t))
+	path := kubeconfigFile(t, env, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan error, 1)
 	go func() {
@@ -108,7 +58,7 @@ func TestRun_WaitsForItsOwnCRDInsteadOfCrashing(t *testing.T) {
 	}()
 	defer func() { cancel(); <-exited }()
 	// Install the CRD late; the operator, still running, picks it up and serves an object.
-	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{filepath.Join("..", "..", "config", "crd", "bases")}}); err != nil {
+	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{ownCRDPath}}); err != nil {
 		t.Fatal(err)
 	}
 	select {
