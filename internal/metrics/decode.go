@@ -3,14 +3,15 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 
 	jsoniter "github.com/json-iterator/go"
 	"github.com/prometheus/common/model"
 )
 
-// minSeriesBytes is the length of the shortest possible series, {"metric":{},"value":[0,"0"]}.
-const minSeriesBytes = 32
+// decodeBufferBytes is the read buffer of the streaming decoder: the body is never held whole.
+const decodeBufferBytes = 64 << 10
 
 // resultTypeVector is the API's resultType of an instant vector.
 const resultTypeVector = "vector"
@@ -27,17 +28,14 @@ type apiResponse struct {
 	series     int
 }
 
-// decodeQueryResponse streams an instant-query body straight into per-pod values. Only the two
-// pod label values are kept for each series (other labels are kept only when a series carries
-// any, so a duplicate can name them); values are parsed with strconv.ParseFloat. Unknown fields
-// are skipped. See docs/metrics.md ("Why the cycle does not use v1's decoder").
-func decodeQueryResponse(body []byte, labels Labels, podsHint int) (apiResponse, error) {
-	// Presizing the per-pod map saves its growth garbage. The hint (the cycle's pod count) is
-	// capped by what the body can hold: a series takes at least minSeriesBytes of JSON.
-	podsHint = max(0, min(podsHint, len(body)/minSeriesBytes))
+// decodeQueryResponse streams an instant-query body straight into per-pod values: the body is read
+// through a small buffer and never held whole. Only the two pod label values are kept for each
+// series (other labels are kept only when a series carries any, so a duplicate can name them);
+// values are parsed with strconv.ParseFloat. Unknown fields are skipped. Series are attributed
+// through the cycle's pod index. See docs/metrics.md ("Why the cycle does not use v1's decoder").
+func decodeQueryResponse(body io.Reader, labels Labels, index *podIndex) (apiResponse, error) {
 	var out apiResponse
-	iter := jsoniter.ConfigFastest.BorrowIterator(body)
-	defer jsoniter.ConfigFastest.ReturnIterator(iter)
+	iter := jsoniter.Parse(jsoniter.ConfigFastest, body, decodeBufferBytes)
 	var dataErr error
 	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
 		switch field {
@@ -53,7 +51,7 @@ func decodeQueryResponse(body []byte, labels Labels, podsHint int) (apiResponse,
 				return true
 			})
 		case "data":
-			dataErr = decodeData(iter, labels, podsHint, &out)
+			dataErr = decodeData(iter, labels, index, &out)
 		default:
 			iter.Skip()
 		}
@@ -73,7 +71,7 @@ func decodeQueryResponse(body []byte, labels Labels, podsHint int) (apiResponse,
 
 // decodeData reads the data object. The result is decoded only when resultType says vector,
 // whichever of the two fields comes first.
-func decodeData(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiResponse) error {
+func decodeData(iter *jsoniter.Iterator, labels Labels, index *podIndex, out *apiResponse) error {
 	if iter.WhatIsNext() == jsoniter.NilValue {
 		iter.Skip()
 		return nil
@@ -93,7 +91,7 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiRe
 				iter.Skip()
 				return true
 			}
-			err = decodeVector(iter, labels, podsHint, out)
+			err = decodeVector(iter, labels, index, out)
 		default:
 			iter.Skip()
 		}
@@ -105,7 +103,7 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiRe
 	if raw != nil && out.resultType == resultTypeVector {
 		sub := jsoniter.ConfigFastest.BorrowIterator(raw)
 		defer jsoniter.ConfigFastest.ReturnIterator(sub)
-		if err := decodeVector(sub, labels, podsHint, out); err != nil {
+		if err := decodeVector(sub, labels, index, out); err != nil {
 			return err
 		}
 		if sub.Error != nil {
@@ -115,8 +113,8 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiRe
 	return nil
 }
 
-func decodeVector(iter *jsoniter.Iterator, labels Labels, podsHint int, out *apiResponse) error {
-	out.result = podValues{values: make(map[podKey]podValue, podsHint), labels: labels}
+func decodeVector(iter *jsoniter.Iterator, labels Labels, index *podIndex, out *apiResponse) error {
+	out.result = newPodValues(index, labels)
 	var err error
 	iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
 		err = decodeSeries(iter, labels, out)
@@ -180,9 +178,12 @@ func decodeSamplePair(iter *jsoniter.Iterator) (float64, error) {
 		case 0:
 			iter.Skip()
 		case 1:
-			s := iter.ReadString()
+			// The value is a number's text ("0.5", "NaN", "+Inf"): read in place, without
+			// allocating a string per series. An escape in it fails the parse below or the
+			// JSON syntax, both reported as a malformed response.
+			s := iter.ReadStringAsSlice()
 			if iter.Error == nil {
-				value, err = strconv.ParseFloat(s, 64)
+				value, err = strconv.ParseFloat(string(s), 64)
 				if errors.Is(err, strconv.ErrRange) {
 					err = nil // ±Inf: rejected per pod as non-finite, like "+Inf"
 				}

@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -127,7 +128,7 @@ func TestDecodeQueryResponse(t *testing.T) {
 			if tc.labels.Namespace != "" {
 				labels = tc.labels
 			}
-			got, err := decodeQueryResponse([]byte(tc.body), labels, 2)
+			got, err := decodeQueryResponse(strings.NewReader(tc.body), labels, newOpenPodIndex())
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("got error %v, want %v", err, tc.wantErr)
@@ -149,11 +150,11 @@ func TestDecodeQueryResponse(t *testing.T) {
 					t.Errorf("warnings %q, want %q", got.warnings, tc.warnings)
 				}
 			}
-			if len(got.result.values) != len(tc.values) {
-				t.Errorf("decoded %d pods %v, want %d", len(got.result.values), got.result.values, len(tc.values))
+			if n := got.result.pods() - len(got.result.duplicates); n != len(tc.values) {
+				t.Errorf("decoded %d pods %v, want %d", n, got.result.values, len(tc.values))
 			}
 			for key, want := range tc.values {
-				s := got.result.valueSample(key)
+				s := got.result.sampleOf(key)
 				switch {
 				case math.IsNaN(want) || math.IsInf(want, 0):
 					if s.Present || !errors.Is(s.Err, ErrNonFinite) || (!math.IsNaN(want) && s.Value != want) {
@@ -165,7 +166,7 @@ func TestDecodeQueryResponse(t *testing.T) {
 			}
 			for _, key := range tc.duplicates {
 				var dup *DuplicateSeriesError
-				if s := got.result.valueSample(key); s.Present || !errors.As(s.Err, &dup) {
+				if s := got.result.sampleOf(key); s.Present || !errors.As(s.Err, &dup) {
 					t.Errorf("%v: got %+v, want a duplicate", key, s)
 				}
 			}
@@ -181,12 +182,12 @@ func TestDecodeQueryResponse_DuplicateNamesEverySeries(t *testing.T) {
 		`{"metric":{"namespace":"n","pod":"p","instance":"a"},"value":[1,"1"]},` +
 		`{"metric":{"pod":"p","namespace":"n"},"value":[1,"2"]},` +
 		`{"metric":{"instance":"c","namespace":"n","pod":"p"},"value":[1,"3"]}]}}`
-	got, err := decodeQueryResponse([]byte(body), DefaultLabels, 0)
+	got, err := decodeQueryResponse(strings.NewReader(body), DefaultLabels, newOpenPodIndex())
 	if err != nil {
 		t.Fatal(err)
 	}
 	var dup *DuplicateSeriesError
-	if s := got.result.valueSample(podKey{"n", "p"}); !errors.As(s.Err, &dup) {
+	if s := got.result.sampleOf(podKey{"n", "p"}); !errors.As(s.Err, &dup) {
 		t.Fatalf("got %+v", s)
 	}
 	want := []string{`{instance="a", namespace="n", pod="p"}`, `{namespace="n", pod="p"}`, `{instance="c", namespace="n", pod="p"}`}

@@ -176,6 +176,38 @@ func TestPrometheusSource_Timeout(t *testing.T) {
 	}
 }
 
+// A body is decoded while it streams in, so a transport failure can surface in the middle of the
+// JSON. It must be reported as what it is, not as a malformed response.
+func TestPrometheusSource_TransportFailureMidBody(t *testing.T) {
+	const head = `{"status":"success","data":{"resultType":"vector","result":[{"metric":{"namespace":"shop","pod":"api-1"},"value":[1795348200,"1"]},`
+	t.Run("the connection closes: unreachable", func(t *testing.T) {
+		url := fakeTSDB(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Length", "100000") // more than is sent: the server drops the connection
+			_, _ = w.Write([]byte(head))
+		})
+		src, _ := newTestSource(t, Config{URL: url})
+		_, err := src.Fetch(context.Background(), fakeRequest())
+		if !errors.Is(err, ErrUnreachable) || errors.Is(err, ErrMalformedResponse) {
+			t.Fatalf("got %v, want %v", err, ErrUnreachable)
+		}
+	})
+	t.Run("the body stalls: timeout", func(t *testing.T) {
+		url := fakeTSDB(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte(head))
+			w.(http.Flusher).Flush()
+			select { // stall until the client gives up (bounded in case it never does)
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+		})
+		src, _ := newTestSource(t, Config{URL: url, Timeout: 200 * time.Millisecond})
+		_, err := src.Fetch(context.Background(), fakeRequest())
+		if !errors.Is(err, ErrTimeout) || errors.Is(err, ErrMalformedResponse) {
+			t.Fatalf("got %v, want %v", err, ErrTimeout)
+		}
+	})
+}
+
 func TestPrometheusSource_CallerCancellationIsNotATSDBFault(t *testing.T) {
 	src, _ := newTestSource(t, Config{URL: fakeTSDB(t, reply(200, `{}`))})
 	ctx, cancel := context.WithCancel(context.Background())

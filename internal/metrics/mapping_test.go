@@ -26,13 +26,13 @@ func TestSplitByPod(t *testing.T) {
 	got := splitByPod(vec, DefaultLabels)
 
 	t.Run("a single series maps to its pod", func(t *testing.T) {
-		s := got.valueSample(podKey{"shop", "a"})
+		s := got.sampleOf(podKey{"shop", "a"})
 		if !s.Present || s.Value != 1.5 || s.Err != nil {
 			t.Errorf("got %+v", s)
 		}
 	})
 	t.Run("two series for one pod are never summed: the pod fails with a duplicate error", func(t *testing.T) {
-		s := got.valueSample(podKey{"shop", "b"})
+		s := got.sampleOf(podKey{"shop", "b"})
 		var dup *DuplicateSeriesError
 		if s.Present || !errors.As(s.Err, &dup) || len(dup.Series) != 2 {
 			t.Errorf("got %+v", s)
@@ -40,13 +40,13 @@ func TestSplitByPod(t *testing.T) {
 	})
 	t.Run("NaN and Inf mark the pod not present", func(t *testing.T) {
 		for _, pod := range []podKey{{"pay", "a"}, {"pay", "inf"}} {
-			if s := got.valueSample(pod); s.Present || !errors.Is(s.Err, ErrNonFinite) {
+			if s := got.sampleOf(pod); s.Present || !errors.Is(s.Err, ErrNonFinite) {
 				t.Errorf("%v: got %+v", pod, s)
 			}
 		}
 	})
 	t.Run("a pod missing from the result has no data", func(t *testing.T) {
-		if s := got.valueSample(podKey{"shop", "zzz"}); s.Present || !errors.Is(s.Err, ErrNoData) {
+		if s := got.sampleOf(podKey{"shop", "zzz"}); s.Present || !errors.Is(s.Err, ErrNoData) {
 			t.Errorf("got %+v", s)
 		}
 	})
@@ -61,9 +61,12 @@ func TestApplyFreshness(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	interval := 10 * time.Second
 	key := podKey{"shop", "a"}
+	index, _ := newPodIndex([]Pod{{Namespace: key.namespace, Name: key.name}})
 	probe := func(age time.Duration) *podValues {
 		ts := now.Add(-age)
-		return &podValues{values: map[podKey]podValue{key: {value: float64(ts.UnixMilli()) / 1000}}}
+		p := newPodValues(index, DefaultLabels)
+		p.add(key.namespace, key.name, float64(ts.UnixMilli())/1000, nil)
+		return &p
 	}
 	present := Sample{Value: 1, Present: true}
 	cases := map[string]struct {
@@ -74,13 +77,13 @@ func TestApplyFreshness(t *testing.T) {
 	}{
 		"a sample 20s old at a 10s interval is still fresh (boundary)": {probe(20 * time.Second), nil, true, nil},
 		"a sample 20.001s old is stale":                                {probe(20*time.Second + time.Millisecond), nil, false, ErrStale},
-		"a pod missing from the probe is stale":                        {&podValues{values: map[podKey]podValue{}}, nil, false, ErrStale},
-		"a failed probe leaves freshness unknown":                      {&podValues{}, ErrTimeout, false, ErrTimeout},
+		"a pod missing from the probe is stale":                        {ptr(newPodValues(index, DefaultLabels)), nil, false, ErrStale},
+		"a failed probe leaves freshness unknown":                      {ptr(newPodValues(index, DefaultLabels)), ErrTimeout, false, ErrTimeout},
 		"without a probe the value counts as fresh at now":             {nil, nil, true, nil},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got := applyFreshness(present, key, tc.probe, tc.probeErr, now, interval)
+			got := applyFreshness(present, 0, key, tc.probe, tc.probeErr, now, interval)
 			if got.Fresh != tc.wantFresh || !got.Present {
 				t.Errorf("got %+v", got)
 			}
@@ -93,13 +96,13 @@ func TestApplyFreshness(t *testing.T) {
 		})
 	}
 	t.Run("the timestamp is the probe's sample time", func(t *testing.T) {
-		got := applyFreshness(present, key, probe(5*time.Second), nil, now, interval)
+		got := applyFreshness(present, 0, key, probe(5*time.Second), nil, now, interval)
 		if !got.Timestamp.Equal(now.Add(-5 * time.Second)) {
 			t.Errorf("timestamp %v", got.Timestamp)
 		}
 	})
 	t.Run("an absent sample stays absent", func(t *testing.T) {
-		got := applyFreshness(Sample{Err: ErrNoData}, key, probe(0), nil, now, interval)
+		got := applyFreshness(Sample{Err: ErrNoData}, 0, key, probe(0), nil, now, interval)
 		if got.Present || got.Fresh {
 			t.Errorf("got %+v", got)
 		}
@@ -128,7 +131,7 @@ func TestParseRetryAfter(t *testing.T) {
 // splitByPod indexes a model.Vector by the pod labels through podValues.add, the same path the
 // streaming decoder feeds, so mapping rules can be tested without JSON.
 func splitByPod(vec model.Vector, labels Labels) podValues {
-	out := podValues{values: make(map[podKey]podValue, len(vec)), labels: labels}
+	out := newPodValues(newOpenPodIndex(), labels)
 	for _, s := range vec {
 		var others model.Metric
 		for name, v := range s.Metric {
@@ -142,4 +145,15 @@ func splitByPod(vec model.Vector, labels Labels) podValues {
 		out.add(string(s.Metric[model.LabelName(labels.Namespace)]), string(s.Metric[model.LabelName(labels.Pod)]), float64(s.Value), others)
 	}
 	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// sampleOf is valueSample by pod name, for tests.
+func (p *podValues) sampleOf(key podKey) Sample {
+	slot, ok := p.index.find(key)
+	if !ok {
+		slot = int32(len(p.state)) // outside every result: no data
+	}
+	return p.valueSample(slot, key)
 }

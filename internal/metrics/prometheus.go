@@ -1,9 +1,11 @@
 package metrics
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -27,7 +29,11 @@ const maxConcurrentQueries = 2
 const maxCachedTemplates = 256
 
 type prometheusSource struct {
+	// client builds the endpoint URL (address plus path prefix) the way client_golang's v1 does;
+	// requests go through http with the same round-tripper so that a 200,000-series body is
+	// decoded as it streams in, where api.Client.Do would first read it whole.
 	client    api.Client
+	http      *http.Client
 	timeout   time.Duration
 	queries   QueryTemplates
 	freshness QueryTemplates
@@ -58,6 +64,7 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 	}
 	return &prometheusSource{
 		client:    client,
+		http:      &http.Client{Transport: rt},
 		timeout:   cfg.timeout(),
 		queries:   cfg.Queries.Or(DefaultQueries),
 		freshness: cfg.FreshnessQueries.Or(DefaultFreshnessQueries),
@@ -126,46 +133,49 @@ func (s *prometheusSource) makePlan(req Request) (*plan, error) {
 	p := &plan{byText: map[string]int{}, freshness: map[Signal]int{}, value: make([]signalQueries, len(req.Pods))}
 	allNamespaces := req.DiscoverNamespaces
 	if len(req.Pods) > 0 {
-		allNamespaces = make([]string, 0, len(req.Pods))
+		allNamespaces = nil
 		for _, pod := range req.Pods {
-			allNamespaces = append(allNamespaces, pod.Namespace)
+			allNamespaces = appendNamespace(allNamespaces, pod.Namespace)
 		}
 	}
 	for si, signal := range Signals {
-		// Group pods by their effective template: one query per distinct template.
-		groups := map[string][]int{}
+		// One query per distinct effective template. Most pods use the source's template, so
+		// only the pods with an override are grouped; the rest share the default query.
+		defaultText := s.queries.For(signal)
+		overrides := map[string][]int{}
 		var order []string
+		var defaultNamespaces []string
+		defaultUsed := len(req.Pods) == 0
+		if defaultUsed {
+			defaultNamespaces = allNamespaces
+		}
 		for i, pod := range req.Pods {
 			text := pod.Queries.For(signal)
-			if text == "" {
-				text = s.queries.For(signal)
+			if text == "" || text == defaultText {
+				defaultUsed = true
+				defaultNamespaces = appendNamespace(defaultNamespaces, pod.Namespace)
+				continue
 			}
-			if _, ok := groups[text]; !ok {
+			if _, ok := overrides[text]; !ok {
 				order = append(order, text)
 			}
-			groups[text] = append(groups[text], i)
+			overrides[text] = append(overrides[text], i)
 		}
-		if len(req.Pods) == 0 {
-			order = []string{s.queries.For(signal)}
-		}
-		for _, text := range order {
-			namespaces := allNamespaces
-			if members := groups[text]; len(req.Pods) > 0 {
-				namespaces = make([]string, len(members))
-				for j, i := range members {
-					namespaces[j] = req.Pods[i].Namespace
+		if defaultUsed {
+			qi := s.planValueQuery(p, signal, defaultText, NewTemplateData(defaultNamespaces, req.PodRegex, req.Window, s.labels))
+			for i, pod := range req.Pods {
+				if text := pod.Queries.For(signal); text == "" || text == defaultText {
+					p.value[i][si] = qi
 				}
 			}
-			rendered, err := s.render(signal, text, NewTemplateData(namespaces, req.PodRegex, req.Window, s.labels))
-			var qi int
-			if err != nil {
-				// A broken override fails only the pods that use it, never the whole cycle.
-				p.queries = append(p.queries, &plannedQuery{Query: Query{Name: string(signal), Signals: []Signal{signal}, Text: text, Err: err}})
-				qi = len(p.queries) - 1
-			} else {
-				qi = p.add(string(signal), signal, rendered)
+		}
+		for _, text := range order {
+			var namespaces []string
+			for _, i := range overrides[text] {
+				namespaces = appendNamespace(namespaces, req.Pods[i].Namespace)
 			}
-			for _, i := range groups[text] {
+			qi := s.planValueQuery(p, signal, text, NewTemplateData(namespaces, req.PodRegex, req.Window, s.labels))
+			for _, i := range overrides[text] {
 				p.value[i][si] = qi
 			}
 		}
@@ -178,6 +188,27 @@ func (s *prometheusSource) makePlan(req Request) (*plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// planValueQuery renders a value query and adds it to the plan, returning its index. A template
+// that fails to render becomes a failed query: a broken override fails only the pods that use it,
+// never the whole cycle.
+func (s *prometheusSource) planValueQuery(p *plan, signal Signal, text string, data TemplateData) int {
+	rendered, err := s.render(signal, text, data)
+	if err != nil {
+		p.queries = append(p.queries, &plannedQuery{Query: Query{Name: string(signal), Signals: []Signal{signal}, Text: text, Err: err}})
+		return len(p.queries) - 1
+	}
+	return p.add(string(signal), signal, rendered)
+}
+
+// appendNamespace skips a namespace equal to the last one: pods arrive grouped by namespace, so
+// the list handed to the template stays about as short as the set of namespaces.
+func appendNamespace(namespaces []string, ns string) []string {
+	if n := len(namespaces); n > 0 && namespaces[n-1] == ns {
+		return namespaces
+	}
+	return append(namespaces, ns)
 }
 
 func (s *prometheusSource) render(signal Signal, text string, data TemplateData) (string, error) {
@@ -209,6 +240,10 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 		return Batch{}, err
 	}
 
+	index, slotOf := newPodIndex(req.Pods)
+	if len(req.Pods) == 0 {
+		index = newOpenPodIndex()
+	}
 	sem := make(chan struct{}, maxConcurrentQueries)
 	var wg sync.WaitGroup
 	for _, q := range p.queries {
@@ -221,7 +256,7 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			s.runPlanned(ctx, q, req.Now, len(req.Pods))
+			s.runPlanned(ctx, q, req.Now, index)
 		}()
 	}
 	wg.Wait()
@@ -238,58 +273,60 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 	pods := req.Pods
 	podQueries := p.value
 	if len(pods) == 0 {
-		pods, podQueries = discoveredPods(p)
+		pods, podQueries, slotOf = discoveredPods(p, index)
+	}
+	var probes [len(signalQueries{})]*plannedQuery
+	for si, signal := range Signals {
+		if fi, ok := p.freshness[signal]; ok {
+			probes[si] = p.queries[fi]
+		}
 	}
 	batch.Observations = make([]Observation, len(pods))
-	for i, pod := range pods {
-		obs := Observation{Pod: pod}
-		key := podKey{pod.Namespace, pod.Name}
+	for i := range pods {
+		obs := &batch.Observations[i]
+		obs.Pod = pods[i]
+		slot, key := slotOf[i], podKey{pods[i].Namespace, pods[i].Name}
 		for si, signal := range Signals {
 			q := p.queries[podQueries[i][si]]
 			sample := Sample{Err: q.Err}
 			if q.Err == nil {
-				sample = q.result.valueSample(key)
+				sample = q.result.valueSample(slot, key)
 			}
 			var probe *podValues
 			var probeErr error
-			if fi, ok := p.freshness[signal]; ok {
-				probe, probeErr = &p.queries[fi].result, p.queries[fi].Err
+			if probes[si] != nil {
+				probe, probeErr = &probes[si].result, probes[si].Err
 			}
-			sample = applyFreshness(sample, key, probe, probeErr, req.Now, req.Interval)
+			sample = applyFreshness(sample, slot, key, probe, probeErr, req.Now, req.Interval)
 			// Per-pod data faults are counted here; query failures were counted when they happened.
 			if q.Err == nil && (errors.Is(sample.Err, ErrNonFinite) || errors.Is(sample.Err, ErrDuplicateSeries)) {
 				s.metrics.errors.WithLabelValues(string(signal), Reason(sample.Err)).Inc()
 			}
 			*obs.Sample(signal) = sample
 		}
-		batch.Observations[i] = obs
 	}
 	return batch, errors.Join(errs...)
 }
 
 // discoveredPods lists every pod found in the value queries' results, sorted, for Discover mode.
-func discoveredPods(p *plan) ([]Pod, []signalQueries) {
-	seen := map[podKey]bool{}
-	for _, q := range p.queries {
-		if q.Name == "freshness" {
-			continue
-		}
-		for k := range q.result.values {
-			seen[k] = true
-		}
-		for k := range q.result.duplicates {
-			seen[k] = true
+// Freshness probes also add slots to the open index; a pod only they returned is not listed.
+func discoveredPods(p *plan, index *podIndex) ([]Pod, []signalQueries, []int32) {
+	var slots []int32
+	for slot := range int32(index.size()) {
+		for _, q := range p.queries {
+			if q.Name != "freshness" && q.result.has(slot) {
+				slots = append(slots, slot)
+				break
+			}
 		}
 	}
-	keys := make([]podKey, 0, len(seen))
-	for k := range seen {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b podKey) int {
-		return strings.Compare(a.namespace+"/"+a.name, b.namespace+"/"+b.name)
+	slices.SortFunc(slots, func(a, b int32) int {
+		ka, kb := index.keys[a], index.keys[b]
+		if c := strings.Compare(ka.namespace, kb.namespace); c != 0 {
+			return c
+		}
+		return strings.Compare(ka.name, kb.name)
 	})
-	pods := make([]Pod, len(keys))
-	queries := make([]signalQueries, len(keys))
 	var valueQuery signalQueries
 	for i, q := range p.queries {
 		if q.Name != "freshness" {
@@ -298,16 +335,19 @@ func discoveredPods(p *plan) ([]Pod, []signalQueries) {
 			}
 		}
 	}
-	for i, k := range keys {
+	pods := make([]Pod, len(slots))
+	queries := make([]signalQueries, len(slots))
+	for i, slot := range slots {
+		k := index.keys[slot]
 		pods[i] = Pod{Namespace: k.namespace, Name: k.name}
 		queries[i] = valueQuery
 	}
-	return pods, queries
+	return pods, queries, slots
 }
 
-func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time, podsHint int) {
+func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time, index *podIndex) {
 	start := time.Now()
-	result, series, warnings, err := s.query(ctx, q.Text, now, podsHint)
+	result, series, warnings, err := s.query(ctx, q.Text, now, index)
 	s.metrics.duration.WithLabelValues(q.Name).Observe(time.Since(start).Seconds())
 	q.Warnings = warnings
 	if err != nil {
@@ -323,32 +363,45 @@ func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now 
 	}
 }
 
-// query runs one instant query and turns every failure into a typed error. HTTP goes through
-// client_golang's api.Client (transport, auth, TLS); the body is decoded by decodeQueryResponse.
-// podsHint is the number of pods the cycle expects (0 if unknown); it presizes the result.
-func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, podsHint int) (podValues, int, []string, error) {
+// query runs one instant query and turns every failure into a typed error. The request goes
+// through the source's round-tripper (TLS, auth, headers); a successful body is decoded by
+// decodeQueryResponse as it streams in, and each series is attributed through the cycle's index.
+func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, index *podIndex) (podValues, int, []string, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	form := url.Values{}
 	form.Set("query", text)
 	form.Set("time", formatTime(now))
 	form.Set("timeout", s.timeout.String())
-	resp, body, err := s.post(qctx, form)
+	resp, err := s.post(qctx, form)
 	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
 		// Read-only gateways may refuse POST; v1 falls back to GET the same way.
-		resp, body, err = s.get(qctx, form)
+		discardBody(resp)
+		resp, err = s.get(qctx, form)
 	}
 	if err != nil {
 		return podValues{}, 0, nil, classify(ctx, qctx, err, s.timeout)
 	}
-	decoded, decodeErr := decodeQueryResponse(body, s.labels, podsHint)
+	defer discardBody(resp)
+
 	if resp.StatusCode/100 != 2 {
+		// Error bodies are small; read a bounded prefix to quote it.
+		body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxErrorBodyBytes))
+		if readErr != nil {
+			return podValues{}, 0, nil, classify(ctx, qctx, readErr, s.timeout)
+		}
 		detail := truncate(string(body), 1000)
 		// Prefer the API's own error text; a non-JSON body is shown as it came.
-		if decodeErr == nil && decoded.status == "error" && decoded.errorText != "" {
+		if decoded, err := decodeQueryResponse(bytes.NewReader(body), s.labels, index); err == nil && decoded.status == "error" && decoded.errorText != "" {
 			detail = decoded.errorText
 		}
 		return podValues{}, 0, nil, &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
+	}
+
+	body := &readErrorRecorder{r: resp.Body}
+	decoded, decodeErr := decodeQueryResponse(body, s.labels, index)
+	if body.err != nil { // the transport failed mid-body: a timeout or a reset, not bad JSON
+		return podValues{}, 0, nil, classify(ctx, qctx, body.err, s.timeout)
 	}
 	if decodeErr != nil {
 		return podValues{}, 0, nil, fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
@@ -372,24 +425,49 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 	return decoded.result, decoded.series, nil, nil
 }
 
-func (s *prometheusSource) post(ctx context.Context, form url.Values) (*http.Response, []byte, error) {
+// maxErrorBodyBytes bounds what is read of a non-2xx body.
+const maxErrorBodyBytes = 64 << 10
+
+// readErrorRecorder remembers a transport error met while the decoder reads the body, so that it
+// is reported as a timeout or an unreachable TSDB instead of as malformed JSON.
+type readErrorRecorder struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErrorRecorder) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// discardBody drains a little of what the decoder left (so the connection can be reused) and
+// closes the body.
+func discardBody(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBodyBytes))
+	_ = resp.Body.Close()
+}
+
+func (s *prometheusSource) post(ctx context.Context, form url.Values) (*http.Response, error) {
 	endpoint := s.client.URL("/api/v1/query", nil)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint.String(), strings.NewReader(form.Encode()))
 	if err != nil {
-		return nil, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+		return nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	return s.client.Do(ctx, req)
+	return s.http.Do(req)
 }
 
-func (s *prometheusSource) get(ctx context.Context, form url.Values) (*http.Response, []byte, error) {
+func (s *prometheusSource) get(ctx context.Context, form url.Values) (*http.Response, error) {
 	endpoint := s.client.URL("/api/v1/query", nil)
 	endpoint.RawQuery = form.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint.String(), nil)
 	if err != nil {
-		return nil, nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+		return nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
 	}
-	return s.client.Do(ctx, req)
+	return s.http.Do(req)
 }
 
 // formatTime renders t as Unix seconds with the fraction the API accepts.
@@ -416,7 +494,8 @@ func classify(parent, qctx context.Context, err error, timeout time.Duration) er
 func isUnreachable(err error) bool {
 	var opErr *net.OpError
 	var dnsErr *net.DNSError
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+	return errors.Is(err, io.ErrUnexpectedEOF) || // the connection closed in the middle of a body
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) ||
 		errors.As(err, &opErr) || errors.As(err, &dnsErr)
 }
