@@ -125,6 +125,12 @@ type CapacityParameters struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="planningLoadFactor must be at least 1"
 	PlanningLoadFactor *Decimal `json:"planningLoadFactor,omitempty"`
+	// OverloadLatencyRatio halves at once the weight of a pod whose p99 latency, in units of its
+	// own CPU cost per request, exceeds this multiple of the median pod's; greater than 1, or 0
+	// to turn overload detection off. It needs the latencyP99 signal.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) == 0.0 || double(self) > 1.0",message="overloadLatencyRatio must be greater than 1, or 0 to turn overload detection off"
+	OverloadLatencyRatio *Decimal `json:"overloadLatencyRatio,omitempty"`
 }
 
 // CPUDistanceParameters tune the cpu-distance algorithm (the published operator's).

@@ -53,6 +53,7 @@ func EngineSettings(alb *adlbv1.AdaptiveLoadBalancer) (weights.Settings, error) 
 			{"spec.capacity.deadBand", c.DeadBand, &s.Capacity.DeadBand},
 			{"spec.capacity.minRequestRate", c.MinRequestRate, &s.Capacity.MinRequestRate},
 			{"spec.capacity.planningLoadFactor", c.PlanningLoadFactor, &s.Capacity.PlanningLoadFactor},
+			{"spec.capacity.overloadLatencyRatio", c.OverloadLatencyRatio, &s.Capacity.OverloadLatencyRatio},
 		} {
 			if err := set(f.name, f.d, f.t); err != nil {
 				return weights.Settings{}, err

@@ -28,6 +28,9 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"gain above 1": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.Capacity = &adlbv1.CapacityParameters{Gain: dec("1.5")}
 		}, "gain must be in (0, 1]"},
+		"an overload ratio of 1": {func(a *adlbv1.AdaptiveLoadBalancer) {
+			a.Spec.Capacity = &adlbv1.CapacityParameters{OverloadLatencyRatio: dec("1")}
+		}, "overloadLatencyRatio must be greater than 1, or 0 to turn overload detection off"},
 		"not a decimal": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.Capacity = &adlbv1.CapacityParameters{DeadBand: dec("five")}
 		}, "spec.capacity.deadBand: Invalid value"},

@@ -47,6 +47,9 @@ type pod struct {
 	errors       uint64
 	// latency is an EWMA of the time requests spend in the pod, what a Prequal probe reports.
 	latency float64
+	// latencies counts completed requests by in-pod latency, as the destination sidecar's
+	// istio_request_duration_milliseconds histogram would.
+	latencies latencyHistogram
 }
 
 func (p *pod) inSystem() int { return len(p.running) + len(p.queue) - p.qhead }

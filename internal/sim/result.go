@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -24,6 +25,82 @@ type Result struct {
 	// SteadyAfterS is the first time from which the 10 s p99 stays within a factor 1.5 of the
 	// second half's median p99: how long the policy took to settle.
 	SteadyAfterS float64 `json:"steady_after_s"`
+	// Recoveries holds, for each speed change of the scenario, how long the p99 took to return
+	// to its level before the change.
+	Recoveries []Recovery `json:"recoveries,omitempty"`
+}
+
+// Recovery measures the reaction to one speed change at AtS. The p99 of the responses received
+// in the minute before the change is the level to return to; the time after the change is cut
+// into controller intervals, and the p99 has recovered from the first interval whose p99, and
+// that of every later interval up to the next change (or the end), stays within recoveryBand of
+// that level.
+type Recovery struct {
+	AtS       float64 `json:"at_s"`
+	BeforeP99 float64 `json:"before_p99_ms"`
+	// IntervalP99 is the p99 of each controller interval after the change.
+	IntervalP99 []float64 `json:"interval_p99_ms"`
+	// Intervals is how many whole intervals passed before the recovered stretch began; -1 if
+	// the p99 never recovered before the next change.
+	Intervals int `json:"intervals"`
+	// SettledP99 is the median p99 of the second half of the intervals after the change: the
+	// level the policy settles at. When the change took capacity away, the level before it may
+	// be out of reach for any policy; IntervalsToSettle measures the reaction against this one.
+	SettledP99        float64 `json:"settled_p99_ms"`
+	IntervalsToSettle int     `json:"intervals_to_settle"`
+}
+
+// recoveryBand is how far above its earlier level an interval's p99 may be and count as recovered.
+const recoveryBand = 1.1
+
+// recoveryLookback is the stretch before a change whose p99 sets the level to return to.
+const recoveryLookback = 60
+
+// recoveries measures every speed event of the scenario from the warm responses.
+func (s *simulation) recoveries() []Recovery {
+	var changes []float64
+	for _, pg := range s.sc.Pods {
+		for _, ev := range pg.Events {
+			if ev.Speed != nil {
+				changes = append(changes, ev.At.Seconds())
+			}
+		}
+	}
+	sort.Float64s(changes)
+	interval := s.sc.Controller.Interval.Seconds()
+	if interval <= 0 {
+		return nil
+	}
+	window := func(from, to float64) []float32 {
+		var xs []float32
+		for i, at := range s.latencyAt {
+			if float64(at) >= from && float64(at) < to {
+				xs = append(xs, s.latencies[i])
+			}
+		}
+		return xs
+	}
+	var out []Recovery
+	for i, at := range changes {
+		if at-recoveryLookback < s.warmup {
+			continue // no warm level to return to
+		}
+		next := s.end
+		if i+1 < len(changes) {
+			next = changes[i+1]
+		}
+		rec := Recovery{AtS: at, BeforeP99: percentiles(window(at-recoveryLookback, at)).P99, Intervals: -1}
+		for from := at; from+interval <= next+1e-9; from += interval {
+			rec.IntervalP99 = append(rec.IntervalP99, percentiles(window(from, from+interval)).P99)
+		}
+		rec.Intervals = firstStretchWithin(rec.IntervalP99, rec.BeforeP99*recoveryBand)
+		if n := len(rec.IntervalP99); n > 0 {
+			rec.SettledP99 = medianOf(rec.IntervalP99[n/2:])
+			rec.IntervalsToSettle = firstStretchWithin(rec.IntervalP99, rec.SettledP99*recoveryBand)
+		}
+		out = append(out, rec)
+	}
+	return out
 }
 
 // Percentiles are latency percentiles in milliseconds.
@@ -105,6 +182,7 @@ func (s *simulation) result() *Result {
 	}
 	r.Timeline = s.timeline
 	r.SteadyAfterS = steadyAfter(r.Timeline)
+	r.Recoveries = s.recoveries()
 	return r
 }
 
@@ -162,4 +240,27 @@ func steadyAfter(tl []TimelinePoint) float64 {
 		at = tl[i].TimeS - timelineBucket
 	}
 	return at
+}
+
+// firstStretchWithin returns the first index from which every value stays at or below limit,
+// or -1.
+func firstStretchWithin(values []float64, limit float64) int {
+	for k := range values {
+		if !slices.ContainsFunc(values[k:], func(v float64) bool { return v > limit }) {
+			return k
+		}
+	}
+	return -1
+}
+
+func medianOf(xs []float64) float64 {
+	c := slices.Clone(xs)
+	slices.Sort(c)
+	if len(c) == 0 {
+		return 0
+	}
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
 }

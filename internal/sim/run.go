@@ -88,13 +88,15 @@ type simulation struct {
 	netHalf   float64
 	latencies []float32 // ms, requests sent after warm-up, in completion order
 	podLat    [][]float32
+	latencyAt []float32 // s, when each of latencies was received
 	bucketLat []float32 // ms, every response in the current timeline bucket, warm-up included
 	timeline  []TimelinePoint
 	totalSent uint64
 
 	// Controller state.
-	snapCPU      [][]float64 // [pod id][second] cumulative CPU-seconds
-	snapServed   [][]uint64  // [pod id][second] cumulative completions
+	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
+	snapServed   [][]uint64           // [pod id][second] cumulative completions
+	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
 	pending      map[uint32]map[int32]int
 	applySeq     uint32
 	weightWrites int
@@ -293,6 +295,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	s.podLat = append(s.podLat, nil)
 	s.snapCPU = append(s.snapCPU, nil)
 	s.snapServed = append(s.snapServed, nil)
+	s.snapLatency = append(s.snapLatency, nil)
 	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
 		s.weightOf[id] = w
 	} else if s.settings != nil && len(s.weightOf) > 0 {
@@ -446,6 +449,7 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 	for _, id := range done {
 		p.served++
 		inPod := t - s.reqs[id].sent - s.netHalf
+		p.latencies.observe(inPod * 1000)
 		if p.latency == 0 {
 			p.latency = inPod
 		} else {
@@ -482,6 +486,7 @@ func (s *simulation) onResponse(t float64, id int32) {
 	s.bucketLat = append(s.bucketLat, ms)
 	if r.sent >= s.warmup {
 		s.latencies = append(s.latencies, ms)
+		s.latencyAt = append(s.latencyAt, float32(t))
 		s.podLat[r.pod] = append(s.podLat[r.pod], ms)
 	}
 	s.free = append(s.free, id)
@@ -492,6 +497,7 @@ func (s *simulation) onSnapshot(t float64) {
 		p.advance(t)
 		s.snapCPU[p.id] = append(s.snapCPU[p.id], p.cpu)
 		s.snapServed[p.id] = append(s.snapServed[p.id], p.served)
+		s.snapLatency[p.id] = append(s.snapLatency[p.id], p.latencies)
 	}
 	if int(t)%timelineBucket == 0 {
 		pc := percentiles(s.bucketLat)
@@ -518,13 +524,14 @@ func (s *simulation) markWarm(t float64) {
 	}
 }
 
-// windowStats returns a pod's CPU cores and completion rate over the controller window ending at
-// second sec, as a rate() over a TSDB's samples would.
-func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, span float64) {
+// windowStats returns a pod's CPU cores, completion rate and p99 in-pod latency over the
+// controller window ending at second sec, as rate() and histogram_quantile() over a TSDB's
+// samples would.
+func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64) {
 	cpus, served := s.snapCPU[p.id], s.snapServed[p.id]
 	last := len(cpus) - 1
 	if last < 0 {
-		return 0, 0, 0
+		return 0, 0, 0, 0
 	}
 	first := last - int(s.sc.Controller.Window.Seconds())
 	if first < 0 {
@@ -538,9 +545,11 @@ func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, span float64) {
 	}
 	span = float64(last - first)
 	if span <= 0 {
-		return 0, 0, 0
+		return 0, 0, 0, 0
 	}
-	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, span
+	hist := s.snapLatency[p.id]
+	p99 = hist[last].quantileSince(&hist[first], 0.99)
+	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, p99, span
 }
 
 // minMetricsAge is how long a pod must have been scraped before its rates mean anything.
@@ -555,18 +564,19 @@ func (s *simulation) onControl(t float64) error {
 		if len(s.snapCPU[h]) == 0 {
 			continue
 		}
-		cpu, rps, span := s.windowStats(p, sec)
+		cpu, rps, p99, span := s.windowStats(p, sec)
 		cur := s.weightOf[h]
 		if len(s.weightOf) == 0 {
 			cur = 1 // unweighted: Envoy sees every endpoint at weight 1
 		}
 		eps = append(eps, weights.Endpoint{
-			ID:            p.name,
-			CPUCores:      cpu,
-			CPULimitCores: p.limit,
-			RequestRate:   rps,
-			HasMetrics:    span >= minMetricsAge,
-			CurrentWeight: cur,
+			ID:                p.name,
+			CPUCores:          cpu,
+			CPULimitCores:     p.limit,
+			RequestRate:       rps,
+			LatencyP99Seconds: p99,
+			HasMetrics:        span >= minMetricsAge,
+			CurrentWeight:     cur,
 		})
 		ids = append(ids, h)
 	}

@@ -11,6 +11,8 @@ const (
 	ReasonNoMetrics        = "no metrics: median weight"
 	ReasonInvalidMetrics   = "invalid metrics (NaN, Inf or negative): median weight"
 	ReasonTooLittleTraffic = "too little traffic to estimate cost: median weight"
+	ReasonQuietKept        = "too little traffic to re-estimate: weight kept"
+	ReasonOverloaded       = "overloaded (p99 far above its peers' for its cost): weight halved"
 	ReasonNewEndpoint      = "new endpoint: median weight"
 	ReasonTooFewWithData   = "fewer than two endpoints with usable metrics: equal weights"
 	ReasonInsideDeadBand   = "change inside dead band: weight kept"
@@ -159,15 +161,30 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
 
 	firstStep := !adapted(endpoints, ok)
+	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
 	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
+			if overloaded[i] {
+				d.Endpoints[i] = Result{ID: ep.ID, Weight: cutOverloaded(ep.CurrentWeight, s), Reason: ReasonOverloaded}
+				d.Reason = "an overloaded endpoint's weight halved; the others kept until a clean window"
+			}
 		}
 		return d
 	}
 	logTarget := make([]float64, n)
 	have := make([]bool, n)
+	// A weighted endpoint that is too quiet to measure keeps its weight: it is usually quiet
+	// because its weight is low, and handing it the median would send it traffic, make it
+	// measurable, and take the traffic away again the next cycle.
+	kept := make([]bool, n)
+	for i, ep := range endpoints {
+		if !ok[i] && reasons[i] == ReasonTooLittleTraffic && ep.CurrentWeight > 0 {
+			kept[i] = true
+			reasons[i] = ReasonQuietKept
+		}
+	}
 	for i, ep := range endpoints {
 		if !ok[i] {
 			continue
@@ -208,6 +225,9 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 			target[i] = math.Exp(logTarget[i] + shift)
 			if !firstStep {
 				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, p.MaxStepRatio, &reasons[i])
+				if cut := float64(endpoints[i].CurrentWeight) / 2; overloaded[i] && target[i] > cut {
+					target[i], reasons[i] = cut, ReasonOverloaded
+				}
 			}
 			if target[i] > float64(s.MaxWeight) {
 				target[i] = float64(s.MaxWeight)
@@ -217,7 +237,13 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 		}
 	}
 	lo := math.Max(float64(s.MinWeight), hi/p.MaxWeightRatio)
-	for i := range endpoints {
+	for i, ep := range endpoints {
+		if kept[i] {
+			have[i], target[i] = true, float64(ep.CurrentWeight)
+			if target[i] > hi { // the ratio bound holds for kept weights too
+				target[i] = math.Max(hi, lo)
+			}
+		}
 		if have[i] && target[i] < lo {
 			target[i] = lo
 			reasons[i] = ReasonClampedMin
@@ -254,19 +280,55 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 func scaleShift(endpoints []Endpoint, have []bool, logTarget, unfloored []float64, maxLog float64, firstStep bool, s Settings) float64 {
 	shift := math.Log(float64(s.Capacity.MedianWeight)) - median(unfloored)
 	if !firstStep {
-		var current, target []float64
+		// The median endpoint keeps its weight: the shift undoes the median correction of the
+		// endpoints above the ratio floor. A ratio of medians would jump whenever the floored
+		// endpoints (whose targets lie far below) enter or leave the set.
+		floor := maxLog - math.Log(s.Capacity.MaxWeightRatio)
+		var corrections []float64
 		for i, ep := range endpoints {
-			if have[i] {
-				current = append(current, math.Log(float64(ep.CurrentWeight)))
-				target = append(target, logTarget[i])
+			if have[i] && logTarget[i] >= floor {
+				corrections = append(corrections, math.Log(float64(ep.CurrentWeight))-logTarget[i])
 			}
 		}
-		shift = median(current) - median(target)
+		shift = median(corrections)
 	}
 	if maxLog+shift > math.Log(float64(s.MaxWeight)) {
 		shift = math.Log(float64(s.MaxWeight)) - maxLog
 	}
 	return shift
+}
+
+// overloadedEndpoints flags the usable endpoints whose p99 latency, divided by their own CPU cost
+// per request, exceeds ratio times the median of that stretch. Dividing by the cost keeps pods
+// that are slow by nature (older hardware, heavier requests) from looking overloaded; a queue
+// in front of the pod is what stretches its latency beyond its cost. At least three endpoints
+// with a latency are needed for a median worth comparing against.
+func overloadedEndpoints(endpoints []Endpoint, ok []bool, ratio float64) []bool {
+	flagged := make([]bool, len(endpoints))
+	if ratio <= 0 {
+		return flagged
+	}
+	stretch := make([]float64, len(endpoints))
+	var measured []float64
+	for i, ep := range endpoints {
+		if ok[i] && ep.CurrentWeight > 0 && ep.LatencyP99Seconds > 0 && finite(ep.LatencyP99Seconds) {
+			stretch[i] = ep.LatencyP99Seconds / (ep.CPUCores / ep.RequestRate)
+			measured = append(measured, stretch[i])
+		}
+	}
+	if len(measured) < 3 {
+		return flagged
+	}
+	threshold := ratio * median(measured)
+	for i := range endpoints {
+		flagged[i] = stretch[i] > threshold
+	}
+	return flagged
+}
+
+// cutOverloaded halves an overloaded endpoint's weight, never below the minimum weight.
+func cutOverloaded(current int, s Settings) int {
+	return max(s.MinWeight, int(math.Round(float64(current)/2)))
 }
 
 // hasNew reports whether an endpoint still needs its first weight.

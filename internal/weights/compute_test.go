@@ -450,3 +450,101 @@ func TestCompute_CapacityPlansForMoreLoadThanSeen(t *testing.T) {
 		t.Fatalf("weights = %v, want %v", got, want)
 	}
 }
+
+func withP99(seconds float64) func(*Endpoint) { return func(e *Endpoint) { e.LatencyP99Seconds = seconds } }
+
+// A pod at a low weight is quiet because of its weight. Handing it the median weight would send
+// it traffic, make it measurable and take the traffic away again: the weights would flap.
+func TestCompute_CapacityQuietEndpointKeepsItsWeight(t *testing.T) {
+	s := DefaultSettings(AlgorithmCapacity)
+	// Converged: shares 40/40/20 of 100 rps delivered as planned, c is quiet at its floor.
+	endpoints := []Endpoint{
+		ep("a", 0.4, 50, 1, 200), ep("b", 0.4, 50, 1, 200),
+		ep("c", 0.004, 0.2, 1, 10), // 0.2 rps: below MinRequestRate
+	}
+	d, err := Compute(Input{Endpoints: endpoints}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Endpoints[2]; r.Weight != 10 {
+		t.Errorf("quiet endpoint: got %+v, want weight 10 kept", r)
+	}
+	if d.Endpoints[0].Weight != 200 || d.Endpoints[1].Weight != 200 {
+		t.Errorf("the measured endpoints moved: %v", weightsOf(d))
+	}
+}
+
+// The common scale follows the median endpoint above the ratio floor: endpoints far below it
+// entering or leaving the measured set must not rescale everybody.
+func TestCompute_CapacityScaleIgnoresFlooredEndpoints(t *testing.T) {
+	s := DefaultSettings(AlgorithmCapacity)
+	// Four equal fast pods at 100 get their planned share; two slow pods at the floor get a
+	// trickle that the square-root rule would cut further. Before the fix the median of the six
+	// targets fell between the groups and every weight was scaled up ×4.
+	endpoints := []Endpoint{
+		ep("f1", 0.24, 24, 1, 100), ep("f2", 0.24, 24, 1, 100), ep("f3", 0.24, 24, 1, 100), ep("f4", 0.24, 24, 1, 100),
+		ep("s1", 0.1, 2, 1, 10), ep("s2", 0.1, 2, 1, 10),
+	}
+	d, err := Compute(Input{Endpoints: endpoints}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if w := d.Endpoints[i].Weight; w < 90 || w > 110 {
+			t.Errorf("fast pod %d rescaled to %d: %v", i, w, weightsOf(d))
+		}
+	}
+}
+
+// A queue in front of a pod shows in its p99 long before its average CPU says anything. A pod
+// whose p99, in units of its own cost per request, is far above its peers' is cut at once, even
+// in a window that straddles the last weight change.
+func TestCompute_CapacityOverloadedEndpointIsHalvedAtOnce(t *testing.T) {
+	s := DefaultSettings(AlgorithmCapacity)
+	// Cost per request 10 ms everywhere; the peers' p99 is 40 ms (stretch 4), d's 400 ms (40).
+	mk := func(p99d float64) []Endpoint {
+		return []Endpoint{
+			ep("a", 0.5, 50, 1, 100, withP99(0.04)), ep("b", 0.5, 50, 1, 100, withP99(0.04)),
+			ep("c", 0.5, 50, 1, 120, withP99(0.04)), ep("d", 0.5, 50, 1, 120, withP99(p99d)),
+		}
+	}
+	t.Run("in an unsettled window only the overloaded pod moves", func(t *testing.T) {
+		d, err := Compute(Input{Endpoints: mk(0.4), WindowCoverage: 0.3}, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := weightsOf(d); !reflect.DeepEqual(got, []int{100, 100, 120, 60}) {
+			t.Errorf("got %v, want d halved and the rest kept", got)
+		}
+		if d.Endpoints[3].Reason != ReasonOverloaded || !d.Changed {
+			t.Errorf("got %+v changed=%v", d.Endpoints[3], d.Changed)
+		}
+	})
+	t.Run("a p99 within the ratio is not overload", func(t *testing.T) {
+		d, err := Compute(Input{Endpoints: mk(0.1), WindowCoverage: 0.3}, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Changed {
+			t.Errorf("a stretch of 10 against 4 (ratio 2.5 < 3) moved weights: %v", weightsOf(d))
+		}
+	})
+	t.Run("turned off with a ratio of 0", func(t *testing.T) {
+		off := s
+		off.Capacity.OverloadLatencyRatio = 0
+		d, err := Compute(Input{Endpoints: mk(0.4), WindowCoverage: 0.3}, off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Changed {
+			t.Errorf("moved weights with detection off: %v", weightsOf(d))
+		}
+	})
+	t.Run("a ratio of 1 or below is rejected", func(t *testing.T) {
+		bad := s
+		bad.Capacity.OverloadLatencyRatio = 1
+		if _, err := Compute(Input{Endpoints: mk(0.4)}, bad); err == nil || !strings.Contains(err.Error(), "overloadLatencyRatio") {
+			t.Errorf("got %v", err)
+		}
+	})
+}

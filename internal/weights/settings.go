@@ -49,6 +49,12 @@ type CapacityParams struct {
 	// MedianWeight is the weight the median endpoint is scaled to. It sets the resolution of
 	// the weights (1/MedianWeight) and must lie within [MinWeight, MaxWeight].
 	MedianWeight int
+	// OverloadLatencyRatio detects an endpoint that has become slower than its weight assumes
+	// (a noisy neighbour, a throttled node): its p99 latency in units of its own CPU cost per
+	// request exceeds this multiple of the median endpoint's. Such an endpoint's weight is halved
+	// at once, without waiting for a window observed entirely under the current weights. Average
+	// CPU over a window reacts late; a queue shows in the p99 within seconds. 0 turns it off.
+	OverloadLatencyRatio float64
 }
 
 // DefaultSettings returns the documented defaults for an algorithm.
@@ -68,13 +74,14 @@ func DefaultSettings(alg Algorithm) Settings {
 			MinWeight: 10,
 			MaxWeight: 1000,
 			Capacity: CapacityParams{
-				Gain:               0.5,
-				MaxStepRatio:       4,
-				MaxWeightRatio:     20,
-				DeadBand:           0.05,
-				MinRequestRate:     0.5,
-				PlanningLoadFactor: 1.5,
-				MedianWeight:       100,
+				Gain:                 0.5,
+				MaxStepRatio:         4,
+				MaxWeightRatio:       20,
+				DeadBand:             0.05,
+				MinRequestRate:       0.5,
+				PlanningLoadFactor:   1.5,
+				MedianWeight:         100,
+				OverloadLatencyRatio: 3,
 			},
 		}
 	}
@@ -134,6 +141,9 @@ func (s Settings) Validate() error {
 		}
 		if !finite(p.PlanningLoadFactor) || p.PlanningLoadFactor < 1 {
 			return fmt.Errorf("capacity planningLoadFactor %v must be at least 1", p.PlanningLoadFactor)
+		}
+		if !finite(p.OverloadLatencyRatio) || (p.OverloadLatencyRatio != 0 && p.OverloadLatencyRatio <= 1) {
+			return fmt.Errorf("capacity overloadLatencyRatio %v must be greater than 1, or 0 to turn overload detection off", p.OverloadLatencyRatio)
 		}
 		if p.MedianWeight < s.MinWeight || p.MedianWeight > s.MaxWeight {
 			return fmt.Errorf("capacity medianWeight %d must lie within [minWeight %d, maxWeight %d]", p.MedianWeight, s.MinWeight, s.MaxWeight)

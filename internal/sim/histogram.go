@@ -1,0 +1,48 @@
+package sim
+
+import "slices"
+
+// istioBucketsMS are the upper bounds of Istio's istio_request_duration_milliseconds histogram
+// (its default buckets). The controller sees a pod's p99 the way the operator does: through
+// histogram_quantile over these buckets, not from exact latencies.
+var istioBucketsMS = [...]float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 600000, 1800000, 3600000}
+
+// latencyHistogram holds cumulative counts per bucket; the last entry is the +Inf bucket.
+type latencyHistogram [len(istioBucketsMS) + 1]uint64
+
+func (h *latencyHistogram) observe(ms float64) {
+	i, _ := slices.BinarySearch(istioBucketsMS[:], ms) // first bound >= ms: Prometheus's le
+	h[i]++
+}
+
+// quantileSince returns the q-quantile in seconds of the observations made between an earlier
+// snapshot and h, interpolating linearly inside the bucket as histogram_quantile does. It returns
+// 0 when nothing was observed, and the highest finite bound for the +Inf bucket.
+func (h *latencyHistogram) quantileSince(earlier *latencyHistogram, q float64) float64 {
+	var counts latencyHistogram
+	var total uint64
+	for i := range h {
+		counts[i] = h[i] - earlier[i]
+		total += counts[i]
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := q * float64(total)
+	var below uint64
+	for i, c := range counts {
+		if float64(below+c) >= rank && c > 0 {
+			if i == len(istioBucketsMS) {
+				return istioBucketsMS[len(istioBucketsMS)-1] / 1000
+			}
+			lower := 0.0
+			if i > 0 {
+				lower = istioBucketsMS[i-1]
+			}
+			upper := istioBucketsMS[i]
+			return (lower + (upper-lower)*(rank-float64(below))/float64(c)) / 1000
+		}
+		below += c
+	}
+	return istioBucketsMS[len(istioBucketsMS)-1] / 1000
+}
