@@ -451,7 +451,9 @@ func TestCompute_CapacityPlansForMoreLoadThanSeen(t *testing.T) {
 	}
 }
 
-func withP99(seconds float64) func(*Endpoint) { return func(e *Endpoint) { e.LatencyP99Seconds = seconds } }
+func withP99(seconds float64) func(*Endpoint) {
+	return func(e *Endpoint) { e.LatencyP99Seconds = seconds }
+}
 
 // A pod at a low weight is quiet because of its weight. Handing it the median weight would send
 // it traffic, make it measurable and take the traffic away again: the weights would flap.
