@@ -354,6 +354,7 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int) cy
 		DryRun:   d.alb.Spec.Mode == adlbv1.ModeDryRun,
 	}
 	window := 2 * d.interval
+	t.WindowSeconds = window.Seconds()
 	t.WindowCoverage = 1
 	if !d.lastWrite.IsZero() {
 		t.WindowCoverage = math.Min(1, now.Sub(d.lastWrite).Seconds()/window.Seconds())

@@ -45,6 +45,8 @@ type Target struct {
 	DryRun   bool
 	// WindowCoverage is the share of the metrics window observed under the current weights.
 	WindowCoverage float64
+	// WindowSeconds is the length of the metrics window (0: unknown).
+	WindowSeconds float64
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -114,7 +116,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
 		st.FallenBack = true
 	} else {
-		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage}, t.Settings) {
+		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds}, t.Settings) {
 			return out, st
 		}
 		out.Recovered = st.FallenBack

@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"cmp"
 	"math"
 	"math/rand"
+	"slices"
 )
 
 // This file models Envoy's client-side load balancers as Envoy implements them (see
@@ -47,6 +49,61 @@ func (s *edfScheduler) add(host int32, weight float64) {
 	}
 }
 
+// startAfterPicks fills the schedule with the hosts (weights[i] for host i) in the state it
+// reaches right after a pick deep into a fresh schedule, as Envoy's createWithPicks does with a
+// random pick count. seed fixes the state (Envoy fixes it per load balancer instance).
+//
+// A random pick, not a random time: the state after a random time is biased toward the hosts
+// with the longest gaps (the inspection paradox), so a worker making a dozen picks between two
+// rebuilds would over-serve light hosts. So: draw a time U deep in the schedule and the host i
+// picked last with probability wᵢ/Σw, move the clock back to that host's last pick at or before
+// U, T = ⌊U·wᵢ⌋/wᵢ, and let every host be next due at its first multiple of 1/w after T (a host
+// tied with i at T and listed after it is still due at T).
+func (s *edfScheduler) startAfterPicks(weights []float64, seed uint64) {
+	var total float64
+	for _, w := range weights {
+		total += w
+	}
+	u := float64(splitmix64(seed)%maxEDFPicks) / total
+	x := float64(splitmix64(seed^0x9e3779b97f4a7c15)>>11) / (1 << 53) * total
+	last := len(weights) - 1
+	for h, w := range weights {
+		if x < w {
+			last = h
+			break
+		}
+		x -= w
+	}
+	t := math.Floor(u*weights[last]) / weights[last]
+	s.heap = s.heap[:0]
+	s.now = t
+	for h, w := range weights {
+		next := (math.Floor(t*w) + 1) / w
+		if h > last && w == weights[last] {
+			next = t // tied with the last pick and after it in order: still due
+		}
+		s.counter++
+		s.heap = append(s.heap, edfEntry{deadline: next, order: s.counter, host: int32(h)})
+	}
+	slices.SortFunc(s.heap, func(a, b edfEntry) int { // a sorted slice is a valid min-heap
+		switch {
+		case a.deadline < b.deadline:
+			return -1
+		case a.deadline > b.deadline:
+			return 1
+		}
+		return cmp.Compare(a.order, b.order)
+	})
+}
+
+// splitmix64 is a fixed mixing of a seed into well-spread bits.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
 // pop removes the host due first and moves the schedule's clock to its deadline.
 func (s *edfScheduler) pop() int32 {
 	top := s.heap[0]
@@ -83,7 +140,13 @@ type balancer struct {
 	equal       bool // Envoy takes its unweighted code path when all weights are equal
 	rrIndex     uint64
 	edf         edfScheduler
+	// edfSeed fixes where in a fresh schedule every rebuild starts, per balancer, as Envoy
+	// fixes it per load balancer instance; 0 until first drawn.
+	edfSeed uint64
 }
+
+// maxEDFPicks bounds the random pre-pick count, as Envoy's createWithPicks does (UINT32_MAX/10).
+const maxEDFPicks = 429496729
 
 func newBalancer(policy string, choiceCount int, bias float64) *balancer {
 	return &balancer{policy: policy, choiceCount: choiceCount, bias: bias}
@@ -109,15 +172,19 @@ func (b *balancer) refresh(hosts []int32, weights []float64, active []int32, r *
 	if b.equal || b.policy == LBRandom {
 		return
 	}
+	if b.edfSeed == 0 {
+		b.edfSeed = 1 + uint64(r.Int63())
+	}
+	effective := make([]float64, len(weights))
 	for h := range weights {
-		b.edf.add(int32(h), b.effectiveWeight(h, active))
+		effective[h] = b.effectiveWeight(h, active)
 	}
-	// Envoy pre-picks a random number of times after building a schedule so that every worker
-	// (and every proxy) does not start with the same host.
-	for i := r.Intn(len(weights)); i > 0; i-- {
-		h := b.edf.pop()
-		b.edf.add(h, b.effectiveWeight(int(h), active))
-	}
+	// Envoy builds each schedule as it would stand after a large random number of picks from a
+	// fresh start, so that workers and proxies do not all begin with the heaviest hosts. A short
+	// pre-pick would not do: a worker that makes only a dozen picks between two rebuilds (ORCA
+	// weights are rebuilt every second) would then always serve the head of a fresh schedule,
+	// which over-serves light hosts.
+	b.edf.startAfterPicks(effective, b.edfSeed)
 }
 
 // effectiveWeight is the weight a host is re-added to the schedule with: for weighted

@@ -127,3 +127,35 @@ func identity(n int) []int32 {
 	}
 	return ids
 }
+
+// ORCA rebuilds every worker's schedule each second, and a worker may pick only a dozen times in
+// between. Each rebuild starts deep inside the schedule (Envoy's createWithPicks with a random
+// seed per balancer), so across workers the short horizons still follow the weights; starting
+// near the head of a fresh schedule would over-serve the light hosts.
+func TestBalancer_ShortHorizonsAfterRebuildsFollowTheWeights(t *testing.T) {
+	weights := []float64{100, 100, 100, 100, 70, 70, 70, 70, 45, 45, 45, 45}
+	active := make([]int32, len(weights))
+	r := rand.New(rand.NewSource(7))
+	counts := make([]int, len(weights))
+	const workers, rebuilds, picksBetween = 60, 200, 12
+	for range workers {
+		b := newBalancer(LBRoundRobin, 2, 1)
+		for range rebuilds {
+			b.refresh(identity(len(weights)), weights, active, r)
+			for range picksBetween {
+				counts[b.pick(active, r)]++
+			}
+		}
+	}
+	total := 0.0
+	for _, w := range weights {
+		total += w
+	}
+	const picks = workers * rebuilds * picksBetween
+	for h, w := range weights {
+		want := w / total
+		if got := float64(counts[h]) / picks; math.Abs(got-want) > 0.1*want {
+			t.Errorf("host %d (weight %v): share %.4f, want %.4f ±10%%", h, w, got, want)
+		}
+	}
+}

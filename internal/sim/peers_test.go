@@ -105,3 +105,29 @@ func TestPrequal_HotColdRule(t *testing.T) {
 		t.Fatal("a probe was reused beyond its budget")
 	}
 }
+
+// A Prequal probe reports the latency a request arriving now would see: the recent median at the
+// pod's current requests-in-flight. A pod that was busy and is now idle must look fast again;
+// reporting its busy past made every client avoid it and then herd onto it.
+func TestPrequal_LatencyEstimateFollowsTheCurrentRIF(t *testing.T) {
+	p := &pod{workers: 4}
+	for range 8 {
+		p.recordRIFLatency(0, 0.010) // alone: 10 ms
+		p.recordRIFLatency(30, 2.0)  // behind a queue of 30: 2 s
+	}
+	if got := p.estimateLatency(); got != 0.010 {
+		t.Errorf("idle pod reports %v s, want its RIF-0 latency 0.010", got)
+	}
+	p.queue = make([]int32, 29)
+	p.running = []int32{1}
+	if got := p.estimateLatency(); got != 2.0 {
+		t.Errorf("pod with 30 in flight reports %v s, want 2.0", got)
+	}
+	p.queue = p.queue[:4] // RIF 5: no samples there, the nearest level with samples is RIF 0
+	if got := p.estimateLatency(); got != 0.010 {
+		t.Errorf("pod at RIF 5 reports %v s, want the nearest level's 0.010", got)
+	}
+	if got := (&pod{}).estimateLatency(); got != 0 {
+		t.Errorf("a pod that completed nothing reports %v, want 0", got)
+	}
+}

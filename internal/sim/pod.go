@@ -1,6 +1,9 @@
 package sim
 
-import "math"
+import (
+	"math"
+	"sort"
+)
 
 // cfsPeriod is the CFS bandwidth period Kubernetes uses (cpu.cfs_period_us = 100000).
 const cfsPeriod = 0.1
@@ -46,7 +49,10 @@ type pod struct {
 	area         float64 // ∫ requests in the pod dt, for Little's law
 	errors       uint64
 	// latency is an EWMA of the time requests spend in the pod, what a Prequal probe reports.
-	latency float64
+	// rifLatency serves Prequal's probes: the latencies of recently completed requests, kept by
+	// the requests-in-flight each found on arrival. A probe reports the median for the current
+	// RIF, so an idle pod reports what a request arriving now would see, not its busy past.
+	rifLatency []latencyRing
 	// latencies counts completed requests by in-pod latency, as the destination sidecar's
 	// istio_request_duration_milliseconds histogram would.
 	latencies latencyHistogram
@@ -121,4 +127,53 @@ func (p *pod) setSpeed(speed float64, finish []float64) {
 		finish[id] = p.vwork + remaining*p.speed/speed
 	}
 	p.speed = speed
+}
+
+// prequalRIFBuckets caps the RIF levels a pod tracks latencies for; higher RIFs share the last.
+const prequalRIFBuckets = 64
+
+// latencyRing holds the last few latencies observed at one RIF level.
+type latencyRing struct {
+	samples [8]float64
+	n, next int
+}
+
+func (r *latencyRing) add(v float64) {
+	r.samples[r.next] = v
+	r.next = (r.next + 1) % len(r.samples)
+	r.n = min(r.n+1, len(r.samples))
+}
+
+func (r *latencyRing) median() float64 {
+	c := append([]float64(nil), r.samples[:r.n]...)
+	sort.Float64s(c)
+	if len(c)%2 == 1 {
+		return c[len(c)/2]
+	}
+	return (c[len(c)/2-1] + c[len(c)/2]) / 2
+}
+
+// recordRIFLatency files a completed request's in-pod latency under the RIF it found on arrival.
+func (p *pod) recordRIFLatency(rif int, latency float64) {
+	if p.rifLatency == nil {
+		p.rifLatency = make([]latencyRing, prequalRIFBuckets)
+	}
+	p.rifLatency[min(rif, prequalRIFBuckets-1)].add(latency)
+}
+
+// estimateLatency is what a Prequal probe reports: the median recent latency at the current RIF,
+// or at the nearest RIF level with samples (0 when the pod has completed nothing yet).
+func (p *pod) estimateLatency() float64 {
+	if p.rifLatency == nil {
+		return 0
+	}
+	rif := min(p.inSystem(), prequalRIFBuckets-1)
+	for d := 0; d < prequalRIFBuckets; d++ {
+		for _, r := range []int{rif - d, rif + d} {
+			if r >= 0 && r < prequalRIFBuckets && p.rifLatency[r].n > 0 {
+				return p.rifLatency[r].median()
+			}
+		}
+	}
+	return 0
 }

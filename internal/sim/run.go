@@ -59,6 +59,7 @@ type request struct {
 	cost  float64 // CPU-seconds on reference hardware (speed 1)
 	proxy int32
 	pod   int32
+	rif   int32 // requests in the pod when it arrived (Prequal's latency estimate)
 }
 
 // simulation is the state of one run. It is single-threaded; parallel runs use separate values.
@@ -404,6 +405,7 @@ func (s *simulation) onArrival(t float64) {
 func (s *simulation) onPodArrive(t float64, id int32) {
 	p := s.pods[s.reqs[id].pod]
 	p.advance(t)
+	s.reqs[id].rif = int32(p.inSystem())
 	if len(p.running) < p.workers {
 		s.start(p, id)
 	} else {
@@ -450,10 +452,8 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 		p.served++
 		inPod := t - s.reqs[id].sent - s.netHalf
 		p.latencies.observe(inPod * 1000)
-		if p.latency == 0 {
-			p.latency = inPod
-		} else {
-			p.latency += 0.05 * (inPod - p.latency)
+		if s.prequal != nil {
+			p.recordRIFLatency(int(s.reqs[id].rif), inPod)
 		}
 		s.q.push(t+s.netHalf, evResponse, id, 0)
 	}
@@ -584,7 +584,7 @@ func (s *simulation) onControl(t float64) error {
 	if s.lastApply > 0 {
 		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage}, *s.settings)
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage, WindowSeconds: s.sc.Controller.Window.Seconds()}, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
 	}
@@ -784,5 +784,5 @@ func (s *simulation) sendProbes(t float64, proxy int) {
 // latency estimate. Probes cost the replica no CPU.
 func (s *simulation) onProbe(t float64, proxy int, pod int32) {
 	p := s.pods[pod]
-	s.prequal[proxy].add(prequalProbe{pod: pod, rif: p.inSystem(), latency: p.latency, at: t})
+	s.prequal[proxy].add(prequalProbe{pod: pod, rif: p.inSystem(), latency: p.estimateLatency(), at: t})
 }

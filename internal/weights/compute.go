@@ -57,7 +57,7 @@ func Compute(in Input, s Settings) (Decision, error) {
 		if coverage <= 0 || coverage > 1 || math.IsNaN(coverage) {
 			coverage = 1
 		}
-		d = computeCapacity(endpoints, coverage, s)
+		d = computeCapacity(endpoints, coverage, in.WindowSeconds, s)
 	}
 	return finish(endpoints, d, s), nil
 }
@@ -120,7 +120,7 @@ func equalWeights(endpoints []Endpoint, s Settings, reason string) Decision {
 // target: an integral controller whose state is the applied weight itself, which therefore
 // survives operator restarts. Feedback only runs on windows observed entirely under the current
 // weights; a mixed window would make it correct twice.
-func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decision {
+func computeCapacity(endpoints []Endpoint, coverage, windowSeconds float64, s Settings) Decision {
 	p := s.Capacity
 	n := len(endpoints)
 	ok := make([]bool, n)
@@ -195,7 +195,7 @@ func computeCapacity(endpoints []Endpoint, coverage float64, s Settings) Decisio
 			reasons[i] = ReasonCapacity
 		case ep.CurrentWeight > 0:
 			observed := ep.RequestRate / totalRate
-			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*math.Log(share[i]/observed)
+			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*beyondNoise(math.Log(share[i]/observed), ep.RequestRate*windowSeconds)
 			reasons[i] = ReasonUtilization
 		default:
 			reasons[i] = ReasonNewEndpoint
@@ -329,6 +329,28 @@ func overloadedEndpoints(endpoints []Endpoint, ok []bool, ratio float64) []bool 
 // cutOverloaded halves an overloaded endpoint's weight, never below the minimum weight.
 func cutOverloaded(current int, s Settings) int {
 	return max(s.MinWeight, int(math.Round(float64(current)/2)))
+}
+
+// shareNoiseZ is how many standard errors an observed share must stray from its target before the
+// feedback acts on it.
+const shareNoiseZ = 2
+
+// beyondNoise shrinks a log-space share error by what sampling noise explains. An endpoint that
+// served n requests in the window has a share known to about 1/√n (Poisson); the feedback acts
+// only on the part of the error beyond shareNoiseZ standard errors, so a quiet Service's weights
+// do not wander with its noise. n of 0 (window unknown) leaves the error whole.
+func beyondNoise(logErr, n float64) float64 {
+	if n <= 0 {
+		return logErr
+	}
+	noise := shareNoiseZ / math.Sqrt(n)
+	switch {
+	case logErr > noise:
+		return logErr - noise
+	case logErr < -noise:
+		return logErr + noise
+	}
+	return 0
 }
 
 // hasNew reports whether an endpoint still needs its first weight.

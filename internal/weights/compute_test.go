@@ -550,3 +550,32 @@ func TestCompute_CapacityOverloadedEndpointIsHalvedAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// With 500 requests behind a share, sampling noise alone moves it by about 1/√500 ≈ 4.5%. A
+// converged quiet Service must not chase that noise; a real error beyond it is still corrected.
+func TestCompute_CapacityFeedbackIgnoresShareNoise(t *testing.T) {
+	s := DefaultSettings(AlgorithmCapacity)
+	// Converged on equal shares, then one window observes 16% more on a, 16% less on b: about
+	// two standard errors of ~500 requests.
+	noisy := []Endpoint{ep("a", 0.0967, 9.67, 1, 100), ep("b", 0.07, 7, 1, 101), ep("c", 0.0833, 8.33, 1, 99)}
+	d, err := Compute(Input{Endpoints: noisy, WindowSeconds: 60}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Errorf("moved on noise: %v (%s)", weightsOf(d), d.Reason)
+	}
+	// Without the window the engine cannot tell noise from error, and corrects.
+	if d, _ := Compute(Input{Endpoints: noisy}, s); !d.Changed {
+		t.Errorf("without a window the same error should be corrected: %s", d.Reason)
+	}
+	// A 20% error over a window with ten times the traffic is real and gets corrected.
+	busy := []Endpoint{ep("a", 1.2, 100, 2, 100), ep("b", 0.8, 66.7, 2, 101), ep("c", 1.0, 83.3, 2, 99)}
+	d, err = Compute(Input{Endpoints: busy, WindowSeconds: 60}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed {
+		t.Errorf("a 20%% error over 5,000 requests per pod was left alone: %s", d.Reason)
+	}
+}

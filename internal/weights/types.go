@@ -47,6 +47,10 @@ type Input struct {
 	// change mix the old weights with the new, so feedback on them would over-correct. 0 means
 	// unknown and is treated as 1.
 	WindowCoverage float64
+	// WindowSeconds is the length of the observation window the rates were averaged over. With
+	// it the engine knows how many requests stand behind an endpoint's observed share and does
+	// not chase the share's sampling noise. 0 means unknown: no such allowance.
+	WindowSeconds float64
 }
 
 // Result is the engine's decision for one endpoint.
