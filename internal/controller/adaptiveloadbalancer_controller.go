@@ -473,7 +473,7 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		}
 		status.ServiceEntry = o.serviceEntry
 		status.EndpointCount = int32(len(o.endpoints))
-		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now)
+		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun)
 	}
 	if apiequality.Semantic.DeepEqual(&alb.Status, status) {
 		return 0, nil
@@ -508,7 +508,7 @@ func endpointsOnly(old, updated *adlbv1.AdaptiveLoadBalancerStatus) bool {
 }
 
 // endpointStatus lists the mirrored endpoints, keeping each one's LastChange while its weight holds.
-func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now metav1.Time) ([]adlbv1.EndpointStatus, bool) {
+func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now metav1.Time, dryRun bool) ([]adlbv1.EndpointStatus, bool) {
 	prev := make(map[string]adlbv1.EndpointStatus, len(previous))
 	for _, p := range previous {
 		prev[p.IP] = p
@@ -518,9 +518,18 @@ func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now 
 	for _, e := range eps[:n] {
 		w := int32(min(e.Weight, math.MaxInt32))
 		st := adlbv1.EndpointStatus{Pod: e.Pod, IP: e.IP, Zone: e.Zone, Weight: w, LastChange: &now}
-		if p, ok := prev[e.IP]; ok && p.Weight == w && p.Pod == e.Pod {
-			st.LastChange = p.LastChange
-			st.Reason = p.Reason
+		if p, ok := prev[e.IP]; ok && p.Pod == e.Pod {
+			// The weight cycle's view of the same pod (its signals, its reason and, in DryRun,
+			// the weight it computed but never wrote) stays until the next cycle replaces it.
+			// Otherwise the endpoint list refresh would put the ServiceEntry's equal weights
+			// back into a DryRun status every few seconds.
+			if dryRun {
+				st.Weight = p.Weight
+			}
+			if p.Weight == st.Weight {
+				st.LastChange, st.Reason = p.LastChange, p.Reason
+				st.CPUCores, st.RequestRate = p.CPUCores, p.RequestRate
+			}
 		}
 		out = append(out, st)
 	}
