@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -317,41 +317,69 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 			}
 		}
 	}
-	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods)
+	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes)
 	return in, nil
 }
 
+// InstanceTypeLabel is the well-known node label naming the machine type a pod runs on.
+const InstanceTypeLabel = "node.kubernetes.io/instance-type"
+
 // currentWeights keeps the weights the ServiceEntry already carries: the ServiceEntry is the
 // record of the applied weights, so a membership change never undoes a weight cycle. A new pod
-// gets the median of the current weights; in DryRun, and before any weight cycle, all weights
+// gets the median weight of the pods already weighted on nodes of its instance type (the same
+// hardware serves at the same speed; a pod replaced in a rolling restart thus starts near its
+// predecessor's weight instead of overloading a slow machine for a window), or the median of all
+// current weights when it has no such peer. In DryRun, and before any weight cycle, all weights
 // are equal.
-func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod) (map[string]uint32, uint32) {
+func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod, nodes map[string]*corev1.Node) (map[string]uint32, uint32) {
 	equal := uint32(EqualWeight(alb))
 	if existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun {
 		return nil, equal
 	}
 	byIP := map[string]uint32{}
-	var all []int
+	var all []uint32
 	for _, e := range existing.Spec.Endpoints {
 		if e.Weight > 0 {
 			byIP[e.Address] = e.Weight
-			all = append(all, int(e.Weight))
+			all = append(all, e.Weight)
 		}
 	}
 	if len(all) == 0 {
 		return nil, equal
 	}
-	sort.Ints(all)
-	med := uint32(all[len(all)/2])
+	instanceType := func(pod *corev1.Pod) string {
+		if node := nodes[pod.Spec.NodeName]; node != nil {
+			return node.Labels[InstanceTypeLabel]
+		}
+		return ""
+	}
 	out := map[string]uint32{}
+	byType := map[string][]uint32{}
 	for name, pod := range pods {
 		for _, ip := range podIPs(pod) {
 			if w, ok := byIP[ip]; ok {
 				out[name] = w
+				if t := instanceType(pod); t != "" {
+					byType[t] = append(byType[t], w)
+				}
 			}
 		}
 	}
-	return out, med
+	for name, pod := range pods {
+		if _, weighted := out[name]; weighted {
+			continue
+		}
+		if peers := byType[instanceType(pod)]; instanceType(pod) != "" && len(peers) > 0 {
+			out[name] = medianWeight(peers)
+		}
+	}
+	return out, medianWeight(all)
+}
+
+func medianWeight(ws []uint32) uint32 {
+	sorted := slices.Clone(ws)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
 }
 
 func podIPs(pod *corev1.Pod) []string {

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -345,5 +346,54 @@ func TestMirror_DualStackSlices(t *testing.T) {
 		if e.Address == "fd00::1" && (len(e.Ports) != 1 || e.Ports["http-web"] != 8080) {
 			t.Fatalf("IPv6 endpoint ports %v: only the ports its slice carries", e.Ports)
 		}
+	}
+}
+
+// A pod replaced in a rolling restart lands on the same kind of machine as its predecessor more
+// often than not: it starts at the weight of its peers on that instance type, not at the fleet's
+// median, which would overload a slow machine for a whole window.
+func TestMirror_NewPodStartsAtItsInstanceTypesWeight(t *testing.T) {
+	f := newFixture(t)
+	for name, instanceType := range map[string]string{"fast-" + f.ns: "m7i.xlarge", "slow-" + f.ns: "m4.xlarge", "plain-" + f.ns: ""} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"topology.kubernetes.io/zone": "eu-west-1a"}}}
+		if instanceType != "" {
+			n.Labels[InstanceTypeLabel] = instanceType
+		}
+		f.create(n)
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), n) })
+	}
+	on := func(node string) func(*corev1.Pod) {
+		return func(p *corev1.Pod) { p.Spec.NodeName = node + "-" + f.ns }
+	}
+	f.service("web")
+	f.pod("web", "web-1", "10.6.0.1", on("fast"))
+	f.pod("web", "web-2", "10.6.0.2", on("slow"))
+	f.pod("web", "web-3", "10.6.0.3", on("fast"))
+	f.slice("web", "web-x", ready("web-1", "10.6.0.1"), ready("web-2", "10.6.0.2"), ready("web-3", "10.6.0.3"))
+	f.alb("web", "web")
+	se := f.waitForAddresses("web", "10.6.0.1", "10.6.0.2", "10.6.0.3")
+
+	// As a weight cycle would leave it: the fast machines at 300, the slow one at 40.
+	for _, e := range se.Spec.Endpoints {
+		e.Weight = map[string]uint32{"10.6.0.1": 300, "10.6.0.2": 40, "10.6.0.3": 300}[e.Address]
+	}
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	// web-2 is replaced by web-4 on another slow machine; web-5 lands on a node without the label.
+	f.pod("web", "web-4", "10.6.0.4", on("slow"))
+	f.pod("web", "web-5", "10.6.0.5", on("plain"))
+	f.slice("web", "web-x", ready("web-1", "10.6.0.1"), ready("web-2", "10.6.0.2"), ready("web-3", "10.6.0.3"),
+		ready("web-4", "10.6.0.4"), ready("web-5", "10.6.0.5"))
+	se = f.waitForAddresses("web", "10.6.0.1", "10.6.0.2", "10.6.0.3", "10.6.0.4", "10.6.0.5")
+	got := map[string]uint32{}
+	for _, e := range se.Spec.Endpoints {
+		got[e.Address] = e.Weight
+	}
+	if got["10.6.0.4"] != 40 {
+		t.Errorf("the new pod on a slow machine got %d, want its instance type's 40 (weights %v)", got["10.6.0.4"], got)
+	}
+	if got["10.6.0.5"] != 300 {
+		t.Errorf("the new pod on an unlabelled node got %d, want the median of all weights, 300 (weights %v)", got["10.6.0.5"], got)
 	}
 }

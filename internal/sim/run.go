@@ -300,8 +300,13 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
 		s.weightOf[id] = w
 	} else if s.settings != nil && len(s.weightOf) > 0 {
-		// The mirror writes a new endpoint at once with the median weight.
-		s.weightOf[id] = s.medianWeight()
+		// The mirror writes a new endpoint at once with the median weight of the pods on the
+		// same hardware (the operator reads the node's instance type; here, the pod group), or
+		// of all pods when it has no such peer.
+		s.weightOf[id] = s.medianWeight(func(h int32) bool { return s.pods[h].group == group })
+		if s.weightOf[id] == 0 {
+			s.weightOf[id] = s.medianWeight(func(int32) bool { return true })
+		}
 	}
 	return p
 }
@@ -317,15 +322,16 @@ func (s *simulation) removePod(id int32) {
 	delete(s.weightOf, id)
 }
 
-func (s *simulation) medianWeight() int {
+// medianWeight returns the median weight of the weighted hosts that match, 0 if none does.
+func (s *simulation) medianWeight(match func(int32) bool) int {
 	var ws []int
 	for _, h := range s.hosts {
-		if w, ok := s.weightOf[h]; ok {
+		if w, ok := s.weightOf[h]; ok && match(h) {
 			ws = append(ws, w)
 		}
 	}
 	if len(ws) == 0 {
-		return 1
+		return 0
 	}
 	sort.Ints(ws)
 	return ws[len(ws)/2]
@@ -611,12 +617,17 @@ func (s *simulation) onApply(t float64, seq uint32) {
 			applied[h] = w
 		}
 	}
+	previous := s.weightOf
 	s.weightOf = applied
 	s.lastApply = t
-	// Pods that joined after the decision keep the mirror's median weight.
+	// Pods that joined after the decision keep the weight the mirror gave them.
 	for _, h := range s.hosts {
 		if _, ok := s.weightOf[h]; !ok {
-			s.weightOf[h] = s.medianWeight()
+			if w, ok := previous[h]; ok {
+				s.weightOf[h] = w
+			} else {
+				s.weightOf[h] = max(1, s.medianWeight(func(int32) bool { return true }))
+			}
 		}
 	}
 	s.logWeights(t)
