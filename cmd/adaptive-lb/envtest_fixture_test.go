@@ -36,6 +36,9 @@ func startAPIServer(t testing.TB, crdPaths ...string) (*envtest.Environment, *re
 		t.Skip("KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd")
 	}
 	env := &envtest.Environment{CRDDirectoryPaths: crdPaths, ErrorIfCRDPathMissing: true}
+	// A fixed certificate directory keeps the API server's certificates (and, with them, every
+	// client's kubeconfig) valid across a stop and start of the API server alone.
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: t.TempDir()}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatal(err)

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,8 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -36,7 +41,7 @@ const operatorNamespace = "adaptive-lb-system"
 // operatorEnv starts a real API server with the CRDs, applies config/rbac (after mutateRole edits
 // the ClusterRole, if given) and returns an admin client and a kubeconfig that acts as the
 // operator's ServiceAccount.
-func operatorEnv(t testing.TB, mutateRole func(*unstructured.Unstructured)) (client.Client, string) {
+func operatorEnv(t testing.TB, mutateRole func(*unstructured.Unstructured)) (client.Client, string, *envtest.Environment) {
 	t.Helper()
 	env, cfg := startAPIServer(t, ownCRDPath, istioCRDPath(t))
 	scheme, err := operatorScheme()
@@ -59,7 +64,7 @@ func operatorEnv(t testing.TB, mutateRole func(*unstructured.Unstructured)) (cli
 
 	// A kubeconfig that acts as the operator's ServiceAccount, nothing more.
 	kubeconfig := kubeconfigFile(t, env, "system:serviceaccount:"+operatorNamespace+":adaptive-lb")
-	return admin, kubeconfig
+	return admin, kubeconfig, env
 }
 
 // opsCluster is a real API server with the operator's RBAC, one application Service of three
@@ -70,13 +75,14 @@ type opsCluster struct {
 	admin      client.Client
 	kubeconfig string
 	slice      *discoveryv1.EndpointSlice
+	env        *envtest.Environment
 }
 
 const opsApp = "shop"
 
 func newOpsCluster(t testing.TB) *opsCluster {
-	admin, kubeconfig := operatorEnv(t, nil)
-	c := &opsCluster{t: t, ctx: context.Background(), admin: admin, kubeconfig: kubeconfig}
+	admin, kubeconfig, env := operatorEnv(t, nil)
+	c := &opsCluster{t: t, ctx: context.Background(), admin: admin, kubeconfig: kubeconfig, env: env}
 	c.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opsApp}})
 	c.create(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: opsApp}, Spec: corev1.ServiceSpec{
 		Selector: map[string]string{"app": "web"},
@@ -174,6 +180,7 @@ func (c *opsCluster) createALB() {
 // crash (no lease release) and after a graceful stop.
 func TestOperations_LeastPrivilegeAndFailover(t *testing.T) {
 	c := newOpsCluster(t)
+	specs := c.recordServiceEntrySpecs()
 	// Replica A leads; it will "crash" (stop without releasing its lease).
 	stopA, logsA := c.start("A", false)
 	c.setReady(1)
@@ -197,6 +204,67 @@ func TestOperations_LeastPrivilegeAndFailover(t *testing.T) {
 	stopB()
 	c.setReady(3)
 	c.waitForEndpoints(3, logsB, logsC)
+
+	// Through both handovers, every write changed the ServiceEntry, and none undid another
+	// replica's: the specs seen go 1 → 2 → 3 endpoints and never repeat.
+	got := specs()
+	for i := 1; i < len(got); i++ {
+		if got[i] == got[i-1] {
+			t.Errorf("write %d repeats the spec before it (a duplicate write): %s", i, got[i])
+		}
+		for j := 0; j < i-1; j++ {
+			if got[i] == got[j] {
+				t.Errorf("write %d reverts to the spec of write %d (conflicting writers): %s", i, j, got[i])
+			}
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("saw %d ServiceEntry versions, want 3 (one per endpoint change):\n%s", len(got), strings.Join(got, "\n"))
+	}
+}
+
+// recordServiceEntrySpecs watches the application's ServiceEntry from now on and returns a
+// function that lists the spec of every version seen, in order.
+func (c *opsCluster) recordServiceEntrySpecs() func() []string {
+	c.t.Helper()
+	scheme, err := operatorScheme()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	wc, err := client.NewWithWatch(c.env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	w, err := wc.Watch(c.ctx, &networkingv1.ServiceEntryList{}, client.InNamespace(opsApp))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var specs []string
+	done := make(chan struct{})
+	go func() { // ends when the watch is stopped below
+		defer close(done)
+		for ev := range w.ResultChan() {
+			se, ok := ev.Object.(*networkingv1.ServiceEntry)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			raw, err := json.Marshal(&se.Spec)
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			specs = append(specs, string(raw))
+			mu.Unlock()
+		}
+	}()
+	c.t.Cleanup(func() { w.Stop(); <-done })
+	return func() []string {
+		time.Sleep(time.Second) // let the last events arrive
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(specs)
+	}
 }
 
 // BenchmarkFailover measures how long an endpoint change waits when the leader goes away: from
@@ -271,7 +339,7 @@ func applyDir(t testing.TB, c client.Client, dir string, mutateRole func(*unstru
 func TestOperations_AMissingVerbBreaksTheMirror(t *testing.T) {
 	// Without "create" on serviceentries the operator must fail visibly, which is what makes the
 	// least-privilege test above a real check of config/rbac.
-	admin, kubeconfig := operatorEnv(t, func(role *unstructured.Unstructured) {
+	admin, kubeconfig, _ := operatorEnv(t, func(role *unstructured.Unstructured) {
 		rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
 		for _, r := range rules {
 			rule := r.(map[string]any)
@@ -344,4 +412,32 @@ func reconcileErrors(t *testing.T, reason string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestRun_ResumesAfterTheAPIServerWasDown stops the real kube-apiserver for 30 s under a running
+// leader (etcd keeps running) and starts it again on the same address. The leader cannot renew
+// its lease in that time and loses it; the process must rejoin the election and mirror the next
+// endpoint change without being restarted.
+func TestRun_ResumesAfterTheAPIServerWasDown(t *testing.T) {
+	c := newOpsCluster(t)
+	c.setReady(3)
+	c.createALB()
+	stop, logs := c.start("a", true)
+	defer stop()
+	c.waitForEndpoints(3, logs)
+
+	apiServer := c.env.ControlPlane.APIServer
+	if err := apiServer.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Second) // the outage the issue names; longer than the 3 s renew deadline
+	if err := apiServer.Start(); err != nil {
+		t.Fatalf("restart kube-apiserver: %v", err)
+	}
+
+	c.setReady(2)
+	c.waitForEndpoints(2, logs)
+	if strings.Contains(logs.String(), "stopped") {
+		t.Fatalf("the operator process stopped instead of resuming:\n%s", logs)
+	}
 }

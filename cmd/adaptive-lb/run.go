@@ -166,7 +166,9 @@ var errIstioCRDsMissing = errors.New("the ServiceEntry CRD (networking.istio.io/
 
 func (o *runOptions) run(ctx context.Context) error {
 	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
-	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level))))
+	// Stack traces only for panics: an Error log here is an expected condition (an API server
+	// outage, a metrics failure), not a bug.
+	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level)), zap.StacktraceLevel(zapcore.PanicLevel)))
 	logger := ctrl.Log.WithName("run")
 	cfg, err := o.restConfig()
 	if err != nil {
@@ -176,6 +178,67 @@ func (o *runOptions) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// What outlives one manager: the operator's own metrics and the metrics source.
+	shared := sharedParts{metrics: controller.DefaultMetrics()}
+	if o.endpointWeightMetrics {
+		shared.metrics.EnableEndpointWeights(ctrlmetrics.Registry)
+	}
+	if o.source.url != "" {
+		if shared.source, err = metrics.New(o.sourceConfig, ctrlmetrics.Registry); err != nil {
+			return err
+		}
+		shared.cycle = controller.NewCycleMetrics(ctrlmetrics.Registry)
+	}
+	logger.Info("starting adaptive-lb", "version", version, "leaderElection", o.leaderElect, "clusterDomain", o.clusterDomain)
+	rejoining := false
+	wait := o.retryPeriod
+	for {
+		err := o.runManager(ctx, cfg, scheme, shared, logger)
+		switch {
+		case ctx.Err() != nil:
+			return err
+		case isLeadershipLost(err):
+			// The lease could not be renewed in time, typically because the API server was
+			// unreachable for longer than the renew deadline; another replica may lead now.
+			// Stepping down is controller-runtime's job; restarting the process is not: a
+			// fresh manager rejoins the election as a standby and rebuilds its caches.
+			logger.Error(err, "lost the leader lease; rejoining the election as a standby without restarting")
+			rejoining, wait = true, o.retryPeriod
+		case rejoining && err != nil && !errors.Is(err, errIstioCRDsMissing):
+			// Rebuilding needs the API server, which may still be down: keep trying.
+			logger.Error(err, "cannot rejoin yet; retrying", "in", wait)
+			wait = min(2*wait, maxRejoinWait)
+		default:
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// maxRejoinWait caps the back-off between attempts to rebuild the manager after a lost lease.
+const maxRejoinWait = 10 * time.Second
+
+// sharedParts are built once per process and handed to every manager the process runs.
+type sharedParts struct {
+	metrics *controller.Metrics
+	source  metrics.Source           // nil without --tsdb-url
+	cycle   *controller.CycleMetrics // nil without --tsdb-url
+}
+
+// isLeadershipLost recognises the error controller-runtime's manager returns when its leader
+// lease expired while it was still running (it has no typed error for it;
+// TestRun_ResumesAfterTheAPIServerWasDown fails if the text changes).
+func isLeadershipLost(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "leader election lost")
+}
+
+// runManager builds one controller manager with the mirror and the weight cycle and runs it
+// until ctx ends or it stops on its own (for example after losing the leader lease).
+func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, shared sharedParts, logger logr.Logger) error {
 	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics}
 	if o.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
@@ -191,8 +254,9 @@ func (o *runOptions) run(ctx context.Context) error {
 		LeaseDuration:                 &o.leaseDuration,
 		RenewDeadline:                 &o.renewDeadline,
 		RetryPeriod:                   &o.retryPeriod,
-		// One manager per process in production; the failover tests run several replicas in one
-		// test process, which the name check would refuse.
+		// One manager at a time per process in production; the failover tests run several
+		// replicas in one test process, and a manager rebuilt after a lost lease registers the
+		// same controller names again: the name check would refuse both.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
@@ -204,30 +268,22 @@ func (o *runOptions) run(ctx context.Context) error {
 	if err := waitForOwnCRD(ctx, mgr.GetRESTMapper(), logger); err != nil {
 		return err
 	}
-	opMetrics := controller.DefaultMetrics()
-	if o.endpointWeightMetrics {
-		opMetrics.EnableEndpointWeights(ctrlmetrics.Registry)
-	}
 	r := &controller.AdaptiveLoadBalancerReconciler{
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
-		Metrics:       opMetrics,
+		Metrics:       shared.metrics,
 		ClusterDomain: o.clusterDomain,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)
 	}
-	if o.source.url == "" {
+	if shared.source == nil {
 		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
 	} else {
-		src, err := metrics.New(o.sourceConfig, ctrlmetrics.Registry)
-		if err != nil {
-			return err
-		}
 		loop := &controller.WeightCycle{
-			Client: mgr.GetClient(), Source: src, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
-			Clock: clock.RealClock{}, Metrics: r.Metrics, Cycle: controller.NewCycleMetrics(ctrlmetrics.Registry),
+			Client: mgr.GetClient(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
+			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
 		}
 		if err := mgr.Add(loop); err != nil {
@@ -245,7 +301,6 @@ func (o *runOptions) run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	logger.Info("starting adaptive-lb", "version", version, "leaderElection", o.leaderElect, "clusterDomain", o.clusterDomain)
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("operator stopped: %w", err)
 	}
