@@ -212,3 +212,29 @@ func toStrings(v any) []string {
 	}
 	return out
 }
+
+// A node drain may evict the leader or the standby, never both at once; a single replica has no
+// budget (it would block every drain).
+func TestChart_PodDisruptionBudgetKeepsOneReplica(t *testing.T) {
+	pdb := render(t)["PodDisruptionBudget/lb-adaptive-lb"]
+	if pdb == nil {
+		t.Fatal("no PodDisruptionBudget for 2 replicas")
+	}
+	if v, _, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "maxUnavailable"); fmt.Sprint(v) != "1" {
+		t.Errorf("maxUnavailable %v, want 1", v)
+	}
+	sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels")
+	d := render(t)["Deployment/lb-adaptive-lb"]
+	podLabels, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
+	for k, v := range sel {
+		if podLabels[k] != v {
+			t.Errorf("the budget selects %s=%s, which the operator's pods do not carry (%v)", k, v, podLabels)
+		}
+	}
+	if len(sel) == 0 {
+		t.Error("the budget selects nothing")
+	}
+	if render(t, "replicaCount=1")["PodDisruptionBudget/lb-adaptive-lb"] != nil {
+		t.Error("a single replica got a budget that would block every drain")
+	}
+}
