@@ -245,6 +245,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
+		Cache:                         controller.CacheOptions(),
 		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        o.probeAddr,
 		LeaderElection:                o.leaderElect,

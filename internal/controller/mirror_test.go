@@ -397,3 +397,34 @@ func TestMirror_NewPodStartsAtItsInstanceTypesWeight(t *testing.T) {
 		t.Errorf("the new pod on an unlabelled node got %d, want the median of all weights, 300 (weights %v)", got["10.6.0.5"], got)
 	}
 }
+
+// The cache holds only ServiceEntries labelled as adaptive-lb's. An edit that removes the label
+// takes the ServiceEntry out of the cache; the mirror must still notice and restore it.
+func TestMirror_RestoresItsLabelAfterAForeignEdit(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.7.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.7.0.1"))
+	f.alb("web", "web")
+	se := f.waitForAddresses("web", "10.7.0.1")
+	delete(se.Labels, ManagedByLabel)
+	se.Spec.Endpoints[0].Weight = 7
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the label and the mirror are restored", func() error {
+		got, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		if got.Labels[ManagedByLabel] != ManagedByValue {
+			return fmt.Errorf("labels %v", got.Labels)
+		}
+		return nil
+	})
+	// Still mirrored afterwards: a new endpoint shows up.
+	f.pod("web", "web-2", "10.7.0.2")
+	f.slice("web", "web-x", ready("web-1", "10.7.0.1"), ready("web-2", "10.7.0.2"))
+	f.waitForAddresses("web", "10.7.0.1", "10.7.0.2")
+}

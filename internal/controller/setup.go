@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 )
 
 // Cache indexes: lookups by index instead of lists, which matters at 200,000 pods.
@@ -90,7 +91,9 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
+		// Only node labels are read: a metadata-only watch keeps node status (images,
+		// conditions, addresses: kilobytes per node, updated often) out of the wire and the cache.
+		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
@@ -200,9 +203,15 @@ func podChanged() predicate.Predicate {
 				oldPod.Spec.NodeName != newPod.Spec.NodeName ||
 				oldPod.Spec.ServiceAccountName != newPod.Spec.ServiceAccountName ||
 				podReady(oldPod) != podReady(newPod) ||
-				oldPod.Annotations["sidecar.istio.io/status"] != newPod.Annotations["sidecar.istio.io/status"]
+				hasAnnotation(oldPod, istio.SidecarStatusAnnotation) != hasAnnotation(newPod, istio.SidecarStatusAnnotation)
 		},
 	}
+}
+
+// hasAnnotation compares presence only: the cache keeps the sidecar annotation without its value.
+func hasAnnotation(o client.Object, key string) bool {
+	_, ok := o.GetAnnotations()[key]
+	return ok
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -219,7 +228,7 @@ func topologyChanged() predicate.Predicate {
 		CreateFunc: func(event.CreateEvent) bool { return false },
 		DeleteFunc: func(event.DeleteEvent) bool { return false },
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			for _, k := range []string{"topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone"} {
+			for _, k := range []string{istio.RegionLabel, istio.ZoneLabel, istio.SubzoneLabel, InstanceTypeLabel} {
 				if e.ObjectOld.GetLabels()[k] != e.ObjectNew.GetLabels()[k] {
 					return true
 				}

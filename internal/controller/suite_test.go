@@ -151,6 +151,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  CacheOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)

@@ -329,6 +329,11 @@ func (w *WeightCycle) fetch(ctx context.Context, now time.Time, due []*dueTarget
 // cpuLimit sums the CPU limits of the application containers; the sidecar's CPU is not in the
 // cAdvisor query either.
 func cpuLimit(pod *corev1.Pod) float64 {
+	if v, ok := pod.Annotations[CachedCPULimitAnnotation]; ok { // a cached pod: derived already
+		if m, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return float64(m) / 1000
+		}
+	}
 	total := 0.0
 	for _, c := range pod.Spec.Containers {
 		if c.Name == "istio-proxy" {

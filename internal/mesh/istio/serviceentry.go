@@ -249,7 +249,7 @@ func endpointLabels(pod *corev1.Pod) map[string]string {
 	for k, v := range pod.Labels {
 		labels[k] = v
 	}
-	if hasSidecar(pod) {
+	if HasSidecar(pod) {
 		if _, set := labels[TLSModeLabel]; !set {
 			labels[TLSModeLabel] = TLSModeIstio
 		}
@@ -257,9 +257,9 @@ func endpointLabels(pod *corev1.Pod) map[string]string {
 	return labels
 }
 
-// hasSidecar recognises an injected pod: the injector's status annotation, or an istio-proxy
+// HasSidecar recognises an injected pod: the injector's status annotation, or an istio-proxy
 // container (classic) or init container (native sidecar).
-func hasSidecar(pod *corev1.Pod) bool {
+func HasSidecar(pod *corev1.Pod) bool {
 	if _, ok := pod.Annotations[SidecarStatusAnnotation]; ok {
 		return true
 	}

@@ -1,0 +1,138 @@
+package controller
+
+import (
+	"math"
+	"strconv"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+)
+
+// CacheOptions keep in the informer caches only what the operator reads. At 200,000 pods the
+// cache is most of the operator's memory, and a pod as the API server sends it (managed fields,
+// every container's image, env, probes and volumes, kubectl's last-applied annotation) is
+// several kilobytes of which the mirror reads a few hundred bytes. Nodes are watched as
+// metadata only (see SetupWithManager): their labels are all that is read.
+func CacheOptions() cache.Options {
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:                {Transform: trimPod},
+			&corev1.Service{}:            {Transform: trimService},
+			&discoveryv1.EndpointSlice{}: {Transform: trimEndpointSlice},
+			&networkingv1.ServiceEntry{}: {Transform: trimForeignServiceEntry},
+		},
+	}
+}
+
+// CachedCPULimitAnnotation carries, in the operator's cache only, the pod's CPU limit as
+// cpuLimit computes it from the containers (millicores; "0" for no limit). It is never written
+// to the API server: the transform derives it so that the containers themselves (about 400
+// bytes each before their contents) need not be cached.
+const CachedCPULimitAnnotation = "cache.adaptivelb.io/cpu-limit-millicores"
+
+// trimPod keeps what the mirror and the weight cycle read: identity, labels (copied onto the
+// ServiceEntry endpoint), whether Istio's sidecar is there, the node, the service account, the
+// IPs, readiness and the start time (DestinationRule warm-up). Two facts are derived from the
+// containers and kept as annotations instead of the containers: the presence of a sidecar (as
+// the injector's own annotation, which istio.Build already reads) and the CPU limit.
+func trimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a DeletedFinalStateUnknown tombstone: leave it to the informer
+	}
+	out := &corev1.Pod{
+		TypeMeta: pod.TypeMeta,
+		Spec: corev1.PodSpec{
+			NodeName:           pod.Spec.NodeName,
+			ServiceAccountName: pod.Spec.ServiceAccountName,
+		},
+		Status: corev1.PodStatus{
+			PodIP:     pod.Status.PodIP,
+			PodIPs:    pod.Status.PodIPs,
+			StartTime: pod.Status.StartTime,
+		},
+	}
+	out.ObjectMeta = trimmedMeta(pod.ObjectMeta)
+	out.Labels = pod.Labels
+	out.Annotations = map[string]string{CachedCPULimitAnnotation: strconv.FormatInt(int64(math.Round(cpuLimit(pod)*1000)), 10)}
+	if istio.HasSidecar(pod) {
+		out.Annotations[istio.SidecarStatusAnnotation] = "" // only its presence is read
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return out, nil
+}
+
+// trimForeignServiceEntry keeps other owners' ServiceEntries (a mesh may hold thousands) as
+// metadata only: the mirror needs to know that one is in the way of a Service, never its spec.
+// The operator's own, by label or by owner, are kept whole. A label selector on the watch would
+// drop them from the cache instead, and an edit that removed the label would then go unseen.
+func trimForeignServiceEntry(obj any) (any, error) {
+	se, ok := obj.(*networkingv1.ServiceEntry)
+	if !ok || se.Labels[ManagedByLabel] == ManagedByValue {
+		return obj, nil
+	}
+	for _, ref := range se.OwnerReferences {
+		if ref.Kind == "AdaptiveLoadBalancer" {
+			return obj, nil
+		}
+	}
+	out := &networkingv1.ServiceEntry{TypeMeta: se.TypeMeta}
+	out.ObjectMeta = trimmedMeta(se.ObjectMeta)
+	out.Labels = se.Labels
+	return out, nil
+}
+
+// trimService drops annotations (kubectl's last-applied copy of the whole object is the usual
+// bulk) and the status; the spec is read whole.
+func trimService(obj any) (any, error) {
+	svc, ok := obj.(*corev1.Service)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Service{TypeMeta: svc.TypeMeta, Spec: svc.Spec}
+	out.ObjectMeta = trimmedMeta(svc.ObjectMeta)
+	out.Labels = svc.Labels
+	return out, nil
+}
+
+// trimEndpointSlice drops annotations and topology hints; endpoints, ports and labels are read.
+func trimEndpointSlice(obj any) (any, error) {
+	slice, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return obj, nil
+	}
+	out := slice.DeepCopy()
+	out.ObjectMeta = trimmedMeta(slice.ObjectMeta)
+	out.Labels = slice.Labels
+	for i := range out.Endpoints {
+		out.Endpoints[i].Hints = nil
+		out.Endpoints[i].DeprecatedTopology = nil
+	}
+	return out, nil
+}
+
+// trimmedMeta keeps the identity and lifecycle fields every cached object needs (the informer
+// and the field indexes key on namespace and name; the resource version orders updates).
+func trimmedMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:              m.Name,
+		Namespace:         m.Namespace,
+		UID:               m.UID,
+		ResourceVersion:   m.ResourceVersion,
+		Generation:        m.Generation,
+		CreationTimestamp: m.CreationTimestamp,
+		DeletionTimestamp: m.DeletionTimestamp,
+		OwnerReferences:   m.OwnerReferences,
+	}
+}
