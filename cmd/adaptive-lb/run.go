@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -243,6 +244,19 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if o.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
+	// Checked before the manager exists: its cache options name ServiceEntry, and without the
+	// CRD the manager would fail with a less helpful message.
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return fmt.Errorf("build the Kubernetes HTTP client: %w", err)
+	}
+	mapper, err := apiutil.NewDynamicRESTMapper(cfg, httpClient)
+	if err != nil {
+		return fmt.Errorf("build the Kubernetes REST mapper: %w", err)
+	}
+	if err := requireServiceEntryCRD(mapper); err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         controller.CacheOptions(),
@@ -262,9 +276,6 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	})
 	if err != nil {
 		return fmt.Errorf("create the controller manager: %w", err)
-	}
-	if err := requireServiceEntryCRD(mgr.GetRESTMapper()); err != nil {
-		return err
 	}
 	if err := waitForOwnCRD(ctx, mgr.GetRESTMapper(), logger); err != nil {
 		return err
