@@ -171,6 +171,9 @@ func (o *runOptions) run(ctx context.Context) error {
 	// outage, a metrics failure), not a bug.
 	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level)), zap.StacktraceLevel(zapcore.PanicLevel)))
 	logger := ctrl.Log.WithName("run")
+	if soft := setMemoryLimitFromCgroup(cgroupMemoryMax); soft > 0 {
+		logger.Info("Go memory limit set from the container's", "bytes", soft)
+	}
 	cfg, err := o.restConfig()
 	if err != nil {
 		return err

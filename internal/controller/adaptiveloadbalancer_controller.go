@@ -123,7 +123,7 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 // statusEndpointInterval spaces status writes that only refresh the endpoint list. Under endpoint
 // churn the ServiceEntry is written at once while the status, which nothing routes by, follows
 // at most once per interval, keeping the API server free for the latency-critical writes.
-const statusEndpointInterval = 10 * time.Second
+const statusEndpointInterval = 30 * time.Second
 
 // mirrorOutcome is what the mirror did, for the status.
 type mirrorOutcome struct {
