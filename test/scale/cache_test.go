@@ -287,3 +287,22 @@ func TestCacheTransforms_DerivedFactsForOtherPodShapes(t *testing.T) {
 		t.Errorf("a pod without sidecar and with an unlimited container: annotations %v", p.Annotations)
 	}
 }
+
+// BenchmarkDecodePod measures decoding one realistic pod from protobuf, the wire format the
+// operator's watches use for built-in types: the client side of a start-up sync, per pod.
+//
+//	go test -run '^$' -bench DecodePod -benchmem ./test/scale/
+func BenchmarkDecodePod(b *testing.B) {
+	raw, err := realisticPod(1).Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var p corev1.Pod
+		if err := p.Unmarshal(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
