@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
 
 // operatorUser is the identity the operator runs as in the scale benchmark, so that the API
@@ -135,12 +138,27 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		b.Fatalf("build the operator: %v\n%s", err, out)
 	}
 	kubeconfig := userKubeconfig(b, env, dir)
+	// The TSDB: CPU and request rates for every opted-in pod, from two minutes ago to ten minutes
+	// ahead, so that every weight cycle of the run finds a full window.
+	vm := vmtest.Start(b)
+	now := time.Now()
+	for s := 0; s < services; s += services / opted {
+		var sig strings.Builder
+		ns, name := scaleNames(s, namespaces)
+		for p := range perService {
+			pod := fmt.Sprintf("%s-%02d", name, p)
+			cores := 0.2 + 0.4*float64(p%2) // two hardware speeds
+			sig.WriteString(vmtest.Counter(fmt.Sprintf(`container_cpu_usage_seconds_total{namespace=%q,pod=%q,container="app"}`, ns, pod), cores, now.Add(-2*time.Minute), now.Add(10*time.Minute), 15*time.Second))
+			sig.WriteString(vmtest.Counter(fmt.Sprintf(`istio_requests_total{reporter="destination",namespace=%q,pod=%q,response_code="200"}`, ns, pod), 20, now.Add(-2*time.Minute), now.Add(10*time.Minute), 15*time.Second))
+		}
+		vm.ImportText(b, sig.String())
+	}
 	for b.Loop() {
 		auditBefore := auditCounts(b, auditLog)
 		start := time.Now()
 		metricsAddr := freeLoopbackAddr(b)
 		op := exec.Command(bin, "run", "--kubeconfig", kubeconfig, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
-			"--health-probe-bind-address", "0", "--log-level", "error")
+			"--health-probe-bind-address", "0", "--log-level", "error", "--tsdb-url", vm.URL)
 		op.Stderr = os.Stderr
 		if limit := os.Getenv("ADAPTIVELB_BENCH_SCALE_GOMEMLIMIT"); limit != "" {
 			op.Env = append(os.Environ(), "GOMEMLIMIT="+limit)
@@ -155,11 +173,23 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		rssStartup, _ := processMemory(op.Process.Pid)
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
 
-		// A minute of churn: 20 readiness flips per second on opted-in Services.
+		// A minute of churn on opted-in Services (ADAPTIVELB_BENCH_SCALE_RATE changes/s, 20 by
+		// default; 200 is the propagation target's rate).
+		rate := scaleSize("ADAPTIVELB_BENCH_SCALE_RATE", 20)
 		churnStart := auditCounts(b, auditLog)
-		churn(b, admin, namespaces, services, opted, perService, 20, time.Minute)
+		propagationBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds")
+		churned := churn(b, admin, namespaces, services, opted, perService, rate, time.Minute)
 		time.Sleep(5 * time.Second) // let the last changes through
 		afterStartup := auditCounts(b, auditLog).minus(churnStart)
+		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds").minus(propagationBefore)
+		cycle := scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_duration_seconds")
+		b.ReportMetric(float64(churned)/time.Minute.Seconds(), "changes/s")
+		b.ReportMetric(propagation.quantile(0.5)*1000, "propagation_p50_ms")
+		b.ReportMetric(propagation.quantile(0.99)*1000, "propagation_p99_ms")
+		b.ReportMetric(cycle.count, "weight_cycles")
+		if cycle.count > 0 {
+			b.ReportMetric(cycle.sum/cycle.count*1000, "weight_cycle_mean_ms")
+		}
 		rss, hwm := processMemory(op.Process.Pid)
 		heap := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
 		stop()
@@ -259,26 +289,42 @@ func waitFullMirror(b *testing.B, c client.Client, opted, perService int, timeou
 	}
 }
 
-// churn flips the readiness of random endpoints of opted-in Services at rate per second.
-func churn(b *testing.B, c client.Client, namespaces, services, opted, perService, rate int, d time.Duration) {
+// churn flips the readiness of endpoints of opted-in Services at rate per second for d, from
+// 10 writers that own disjoint Services (so a Service's changes stay ordered), and returns how
+// many changes it made.
+func churn(b *testing.B, c client.Client, namespaces, services, opted, perService, rate int, d time.Duration) int {
 	b.Helper()
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
+	const writers = 10
+	var total atomic.Int64
+	var wg sync.WaitGroup
 	deadline := time.Now().Add(d)
-	for i := 0; time.Now().Before(deadline); i++ {
-		<-tick.C
-		s := (i % opted) * (services / opted)
-		ns, name := scaleNames(s, namespaces)
-		slice := &discoveryv1.EndpointSlice{}
-		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name + "-x"}, slice); err != nil {
-			b.Fatal(err)
-		}
-		e := (i / opted) % perService
-		slice.Endpoints[e].Conditions.Ready = ptr.To(!ptr.Deref(slice.Endpoints[e].Conditions.Ready, true))
-		if err := c.Update(context.Background(), slice); err != nil {
-			b.Fatal(err)
-		}
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(time.Second * writers / time.Duration(rate))
+			defer tick.Stop()
+			for i := 0; time.Now().Before(deadline); i++ {
+				<-tick.C
+				s := (w + writers*(i%(opted/writers))) * (services / opted)
+				ns, name := scaleNames(s, namespaces)
+				slice := &discoveryv1.EndpointSlice{}
+				if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name + "-x"}, slice); err != nil {
+					b.Error(err)
+					return
+				}
+				e := (i / (opted / writers)) % perService
+				slice.Endpoints[e].Conditions.Ready = ptr.To(!ptr.Deref(slice.Endpoints[e].Conditions.Ready, true))
+				if err := c.Update(context.Background(), slice); err != nil {
+					b.Error(err)
+					return
+				}
+				total.Add(1)
+			}
+		}()
 	}
+	wg.Wait()
+	return int(total.Load())
 }
 
 // userKubeconfig writes a kubeconfig for the operator's own identity (a cluster admin, so that
@@ -412,4 +458,73 @@ func scrapeGauge(b *testing.B, addr, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// histogram is a scraped Prometheus histogram: cumulative counts by upper bound.
+type histogram struct {
+	bounds     []float64
+	cumulative []float64
+	sum, count float64
+}
+
+func (h histogram) minus(o histogram) histogram {
+	out := histogram{bounds: h.bounds, sum: h.sum - o.sum, count: h.count - o.count}
+	for i, c := range h.cumulative {
+		if i < len(o.cumulative) {
+			c -= o.cumulative[i]
+		}
+		out.cumulative = append(out.cumulative, c)
+	}
+	return out
+}
+
+// quantile interpolates inside the bucket, as histogram_quantile does.
+func (h histogram) quantile(q float64) float64 {
+	if h.count <= 0 {
+		return 0
+	}
+	rank := q * h.count
+	lower, below := 0.0, 0.0
+	for i, c := range h.cumulative {
+		if c >= rank {
+			if math.IsInf(h.bounds[i], 1) {
+				return lower
+			}
+			return lower + (h.bounds[i]-lower)*(rank-below)/math.Max(c-below, 1)
+		}
+		lower, below = h.bounds[i], c
+	}
+	return lower
+}
+
+// scrapeHistogram reads an unlabelled histogram from the operator's metrics endpoint.
+func scrapeHistogram(b *testing.B, addr, name string) histogram {
+	b.Helper()
+	var h histogram
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Logf("scrape %s: %v", addr, err)
+		return h
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, name+"_bucket{le=\""):
+			rest := strings.TrimPrefix(line, name+"_bucket{le=\"")
+			le, value, ok := strings.Cut(rest, "\"} ")
+			if !ok {
+				continue
+			}
+			bound, _ := strconv.ParseFloat(le, 64)
+			c, _ := strconv.ParseFloat(value, 64)
+			h.bounds, h.cumulative = append(h.bounds, bound), append(h.cumulative, c)
+		case strings.HasPrefix(line, name+"_sum "):
+			h.sum, _ = strconv.ParseFloat(strings.TrimPrefix(line, name+"_sum "), 64)
+		case strings.HasPrefix(line, name+"_count "):
+			h.count, _ = strconv.ParseFloat(strings.TrimPrefix(line, name+"_count "), 64)
+		}
+	}
+	return h
 }
