@@ -5,6 +5,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
@@ -48,4 +49,31 @@ func TestEndpointStatus_RefreshKeepsTheWeightCyclesView(t *testing.T) {
 			t.Errorf("pod z inherited pod a's status: %+v", got[0])
 		}
 	})
+}
+
+// The per-endpoint CPU and request rate change every cycle; written each time they would cost
+// one status patch per AdaptiveLoadBalancer per interval. They are refreshed every
+// statusSignalsInterval; anything else that changes is written at once.
+func TestWeightCycle_StatusSignalsAreThrottled(t *testing.T) {
+	w := &WeightCycle{}
+	key := types.NamespacedName{Namespace: "shop", Name: "web"}
+	t0 := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	status := func(cpu string, weight int32) *adlbv1.AdaptiveLoadBalancerStatus {
+		return &adlbv1.AdaptiveLoadBalancerStatus{Endpoints: []adlbv1.EndpointStatus{{Pod: "a", IP: "10.0.0.1", Weight: weight, CPUCores: adlbv1.Decimal(cpu)}}}
+	}
+	if !w.skipStatusWrite(key, status("0.5", 100), status("0.5", 100), t0) {
+		t.Error("an unchanged status was written")
+	}
+	if w.skipStatusWrite(key, status("0.5", 100), status("0.6", 100), t0) {
+		t.Error("the first signals were not written")
+	}
+	if !w.skipStatusWrite(key, status("0.6", 100), status("0.7", 100), t0.Add(time.Minute)) {
+		t.Error("signals alone were written again within the interval")
+	}
+	if w.skipStatusWrite(key, status("0.6", 100), status("0.7", 120), t0.Add(2*time.Minute)) {
+		t.Error("a weight change was held back")
+	}
+	if w.skipStatusWrite(key, status("0.7", 120), status("0.8", 120), t0.Add(2*time.Minute+statusSignalsInterval)) {
+		t.Error("signals were not refreshed after the interval")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"math"
 	"sort"
 	"strconv"
@@ -99,6 +100,43 @@ type WeightCycle struct {
 	states    map[types.NamespacedName]cycle.State
 	lastRun   map[types.NamespacedName]time.Time
 	debouncer *pushmodel.Debouncer
+	// lastStatusWrite is when each AdaptiveLoadBalancer's status was last written by the cycle.
+	lastStatusWrite map[types.NamespacedName]time.Time
+}
+
+// statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
+// request rate: they change every cycle, and at 10,000 AdaptiveLoadBalancers on a 30 s interval
+// writing them each time would cost the API server 333 patches per second for numbers nothing
+// acts on.
+const statusSignalsInterval = 5 * time.Minute
+
+// skipStatusWrite reports whether a status write can be left out: nothing changed, or only the
+// per-endpoint signals did and they were written less than statusSignalsInterval ago. It records
+// the time of every write it lets through. The cycle calls it with w.mu held.
+func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *adlbv1.AdaptiveLoadBalancerStatus, now time.Time) bool {
+	if apiequality.Semantic.DeepEqual(before, after) {
+		return true
+	}
+	if w.lastStatusWrite == nil {
+		w.lastStatusWrite = map[types.NamespacedName]time.Time{}
+	}
+	if last, ok := w.lastStatusWrite[key]; ok && now.Sub(last) < statusSignalsInterval && signalsOnly(before, after) {
+		return true
+	}
+	w.lastStatusWrite[key] = now
+	return false
+}
+
+// signalsOnly reports whether two statuses differ in the endpoints' CPU and request rate alone.
+func signalsOnly(a, b *adlbv1.AdaptiveLoadBalancerStatus) bool {
+	strip := func(s *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
+		c := s.DeepCopy()
+		for i := range c.Endpoints {
+			c.Endpoints[i].CPUCores, c.Endpoints[i].RequestRate = "", ""
+		}
+		return c
+	}
+	return apiequality.Semantic.DeepEqual(strip(a), strip(b))
 }
 
 // NeedLeaderElection: only the leader writes weights.
@@ -490,6 +528,9 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 			}
 		}
 		w.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+	}
+	if w.skipStatusWrite(d.key, &base.Status, &alb.Status, now) {
+		return nil
 	}
 	if err := w.Client.Status().Patch(ctx, alb, client.MergeFrom(base)); err != nil {
 		return client.IgnoreNotFound(err)
