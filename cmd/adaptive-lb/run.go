@@ -283,7 +283,9 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if err := waitForOwnCRD(ctx, mgr.GetRESTMapper(), logger); err != nil {
 		return err
 	}
+	versions := &controller.ServiceEntryVersions{}
 	r := &controller.AdaptiveLoadBalancerReconciler{
+		Versions:      versions,
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
@@ -300,6 +302,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 			Client: mgr.GetClient(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
+			Versions: versions,
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)

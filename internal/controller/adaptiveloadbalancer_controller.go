@@ -67,8 +67,10 @@ type AdaptiveLoadBalancerReconciler struct {
 
 	propagation     *propagationTracker
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
-	versions        serviceEntryVersions
-	apiReader       client.Reader // uncached reads, when the cache and the remembered version disagree
+	// Versions are the ServiceEntry versions this operator wrote, shared with the weight cycle;
+	// SetupWithManager creates them if nil.
+	Versions  *ServiceEntryVersions
+	apiReader client.Reader // uncached reads, when the cache and the remembered version disagree
 	// observePropagation, when set (benchmarks), also receives every propagation delay exactly.
 	observePropagation func(time.Duration)
 }
@@ -176,7 +178,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	case err != nil:
 		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
-	outcome, err := r.mirrorInto(ctx, alb, svc, r.versions.newest(key, cached), cached)
+	outcome, err := r.mirrorInto(ctx, alb, svc, r.Versions.newest(key, cached), cached)
 	if errors.Is(err, errStaleView) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
 		// The cache and the remembered version disagree, or someone else wrote since: decide
 		// on the API server's current object.
@@ -186,7 +188,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 		} else if err != nil {
 			return mirrorOutcome{}, fmt.Errorf("read ServiceEntry %s/%s from the API server: %w", key.Namespace, key.Name, err)
 		}
-		r.versions.forget(key)
+		r.Versions.forget(key)
 		outcome, err = r.mirrorInto(ctx, alb, svc, live, live)
 	}
 	return outcome, err
@@ -422,7 +424,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		if err := r.Create(ctx, se); err != nil {
 			return fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
-		r.versions.remember(se)
+		r.Versions.remember(se)
 		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
 		return nil
@@ -443,7 +445,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	if err := r.Update(ctx, updated); err != nil {
 		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
-	r.versions.remember(updated)
+	r.Versions.remember(updated)
 	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 	return nil
 }
@@ -463,7 +465,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 	if err := r.Delete(ctx, se); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
-	r.versions.forget(client.ObjectKeyFromObject(se))
+	r.Versions.forget(client.ObjectKeyFromObject(se))
 	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: its Service cannot be mirrored", se.Name)
 	return nil
 }

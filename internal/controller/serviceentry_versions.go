@@ -7,7 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// serviceEntryVersions remembers, per ServiceEntry, the newest version the operator has seen
+// ServiceEntryVersions remembers, per ServiceEntry, the newest version the operator has seen
 // from the API server itself: the answer to its own last write, or a live read after a conflict.
 //
 // Under endpoint churn the informer cache lags the operator's own writes by about one write.
@@ -15,22 +15,24 @@ import (
 // membership writes are plain optimistic updates that neither conflict with the operator's own
 // previous write nor silently drop a weight written since the cache was filled. An update is
 // also markedly cheaper for the API server than a merge patch of a custom resource, and the
-// API server's CPU bounds the propagation delay under churn (see docs/benchmarks.md).
-type serviceEntryVersions struct {
+// API server's CPU bounds the propagation delay under churn (see docs/benchmarks.md). The mirror
+// and the weight cycle share one, so that neither bases a write on a version the other has
+// already replaced.
+type ServiceEntryVersions struct {
 	m sync.Map // client.ObjectKey → *networkingv1.ServiceEntry (never mutated once stored)
 }
 
-func (v *serviceEntryVersions) remember(se *networkingv1.ServiceEntry) {
+func (v *ServiceEntryVersions) remember(se *networkingv1.ServiceEntry) {
 	v.m.Store(client.ObjectKeyFromObject(se), se.DeepCopy())
 }
 
-func (v *serviceEntryVersions) forget(key client.ObjectKey) {
+func (v *ServiceEntryVersions) forget(key client.ObjectKey) {
 	v.m.Delete(key)
 }
 
 // forgetDeleted drops the remembered version if it is of the deleted object, not of one the
 // operator has created since under the same name.
-func (v *serviceEntryVersions) forgetDeleted(deleted client.Object) {
+func (v *ServiceEntryVersions) forgetDeleted(deleted client.Object) {
 	key := client.ObjectKeyFromObject(deleted)
 	if got, ok := v.m.Load(key); ok && got.(*networkingv1.ServiceEntry).UID == deleted.GetUID() {
 		v.m.CompareAndDelete(key, got)
@@ -42,7 +44,7 @@ func (v *serviceEntryVersions) forgetDeleted(deleted client.Object) {
 // result is the caller's to modify. cached may be nil (not in the cache yet). A remembered
 // version that someone else has since changed makes the write conflict, and the caller reads
 // the object live and retries.
-func (v *serviceEntryVersions) newest(key client.ObjectKey, cached *networkingv1.ServiceEntry) *networkingv1.ServiceEntry {
+func (v *ServiceEntryVersions) newest(key client.ObjectKey, cached *networkingv1.ServiceEntry) *networkingv1.ServiceEntry {
 	got, ok := v.m.Load(key)
 	if !ok {
 		return cached
@@ -56,7 +58,7 @@ func (v *serviceEntryVersions) newest(key client.ObjectKey, cached *networkingv1
 
 // known reports whether resourceVersion rv of the ServiceEntry is the remembered one: its watch
 // event then carries nothing the operator has not already acted on.
-func (v *serviceEntryVersions) known(key client.ObjectKey, rv string) bool {
+func (v *ServiceEntryVersions) known(key client.ObjectKey, rv string) bool {
 	got, ok := v.m.Load(key)
 	return ok && got.(*networkingv1.ServiceEntry).ResourceVersion == rv
 }

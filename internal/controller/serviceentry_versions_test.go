@@ -14,7 +14,7 @@ func TestServiceEntryVersions_NewestPrefersTheOperatorsOwnLastWrite(t *testing.T
 		return &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: types.UID(uid), ResourceVersion: rv}}
 	}
 	key := client.ObjectKey{Namespace: "ns", Name: "web"}
-	var v serviceEntryVersions
+	var v ServiceEntryVersions
 
 	if got := v.newest(key, se("a", "5")); got.ResourceVersion != "5" {
 		t.Fatalf("nothing remembered: want the cached version 5, got %q", got.ResourceVersion)

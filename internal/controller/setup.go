@@ -79,6 +79,9 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		r.ClusterDomain = "cluster.local"
 	}
 	r.propagation = newPropagationTracker()
+	if r.Versions == nil {
+		r.Versions = &ServiceEntryVersions{}
+	}
 	r.apiReader = mgr.GetAPIReader()
 	if err := SetupIndexes(ctx, mgr); err != nil {
 		return err
@@ -244,7 +247,7 @@ func topologyChanged() predicate.Predicate {
 func (r *AdaptiveLoadBalancerReconciler) forgetDeleted() handler.EventHandler {
 	return handler.Funcs{
 		DeleteFunc: func(_ context.Context, e event.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			r.versions.forgetDeleted(e.Object)
+			r.Versions.forgetDeleted(e.Object)
 		},
 	}
 }
@@ -256,10 +259,10 @@ func (r *AdaptiveLoadBalancerReconciler) forgetDeleted() handler.EventHandler {
 func (r *AdaptiveLoadBalancerReconciler) notOwnWrite() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			return !r.versions.known(client.ObjectKeyFromObject(e.ObjectNew), e.ObjectNew.GetResourceVersion())
+			return !r.Versions.known(client.ObjectKeyFromObject(e.ObjectNew), e.ObjectNew.GetResourceVersion())
 		},
 		CreateFunc: func(e event.CreateEvent) bool {
-			return !r.versions.known(client.ObjectKeyFromObject(e.Object), e.Object.GetResourceVersion())
+			return !r.Versions.known(client.ObjectKeyFromObject(e.Object), e.Object.GetResourceVersion())
 		},
 	}
 }

@@ -40,6 +40,8 @@ var (
 	testConfig   *rest.Config
 	// operatorClient is the manager's cached client, with the operator's indexes.
 	operatorClient client.Client
+	// sharedVersions are the mirror's ServiceEntry versions; the weight cycles under test share them, as in the operator.
+	sharedVersions = &ServiceEntryVersions{}
 	// propagationSamples collects exact propagation delays while a benchmark records them.
 	propagationSamples = &delayRecorder{}
 )
@@ -160,6 +162,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	testMetrics.EnableEndpointWeights(prometheus.NewRegistry())
 	operatorClient = mgr.GetClient()
 	r := &AdaptiveLoadBalancerReconciler{
+		Versions:      sharedVersions,
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),

@@ -95,6 +95,10 @@ type WeightCycle struct {
 	HoldIntervals int
 	// Debounce is istiod's debounce setting, for the push estimate.
 	Debounce pushmodel.Config
+	// Versions are the ServiceEntry versions the operator wrote, shared with the mirror: a
+	// weight write based on the cache alone would conflict with the mirror's last write under
+	// endpoint churn. Nil: the cycle keeps its own.
+	Versions *ServiceEntryVersions
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -434,10 +438,15 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int) cy
 // mirror added or removed meanwhile is left to the mirror.
 func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision) error {
 	next := decision.Weights()
-	se := &networkingv1.ServiceEntry{}
-	if err := w.Client.Get(ctx, client.ObjectKeyFromObject(d.se), se); err != nil {
+	key := client.ObjectKeyFromObject(d.se)
+	cached := &networkingv1.ServiceEntry{}
+	if err := w.Client.Get(ctx, key, cached); err != nil {
 		return fmt.Errorf("get ServiceEntry %s/%s: %w", d.se.Namespace, d.se.Name, err)
 	}
+	if w.Versions == nil { // the cycle holds w.mu here
+		w.Versions = &ServiceEntryVersions{}
+	}
+	se := w.Versions.newest(key, cached)
 	base := se.DeepCopy()
 	changed := false
 	for _, e := range se.Spec.Endpoints {
@@ -452,8 +461,12 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	// Optimistic lock: a membership write may have landed since the read; then the mirror's
 	// version wins and the next cycle retries.
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			w.Versions.forget(key) // someone else wrote since: the next cycle starts from the cache
+		}
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
+	w.Versions.remember(se)
 	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
 	return nil
 }

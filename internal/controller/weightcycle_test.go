@@ -91,7 +91,7 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode) *loopFixture {
 	lf.loop = &WeightCycle{
 		Client: operatorClient, Source: src, Recorder: lf.events, Clock: lf.clock,
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
-		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(),
+		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions,
 	}
 	return lf
 }
@@ -389,7 +389,7 @@ func TestWeightCycle_BudgetBurstAndCarryOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loop := &WeightCycle{Client: operatorClient, Source: src, Recorder: record.NewFakeRecorder(1000), Clock: clk,
+	loop := &WeightCycle{Client: operatorClient, Source: src, Recorder: record.NewFakeRecorder(1000), Clock: clk, Versions: sharedVersions,
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()), Tick: loopInterval, Budget: budget,
 		HoldIntervals: 5, Debounce: pushmodel.DefaultConfig()}
 
