@@ -51,7 +51,14 @@ func startAPIServer(t testing.TB, crdPaths ...string) (*envtest.Environment, *re
 // and returns its path.
 func kubeconfigFile(t testing.TB, env *envtest.Environment, impersonate string) string {
 	t.Helper()
-	user, err := env.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	return userKubeconfigFile(t, env, "admin", impersonate)
+}
+
+// userKubeconfigFile writes a kubeconfig for a cluster admin of env named name (the API server's
+// audit log tells its requests apart by that name), acting as impersonate when it is set.
+func userKubeconfigFile(t testing.TB, env *envtest.Environment, name, impersonate string) string {
+	t.Helper()
+	user, err := env.AddUser(envtest.User{Name: name, Groups: []string{"system:masters"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +73,7 @@ func kubeconfigFile(t testing.TB, env *envtest.Environment, impersonate string) 
 	for _, a := range kc.AuthInfos {
 		a.Impersonate = impersonate
 	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		t.Fatal(err)
 	}

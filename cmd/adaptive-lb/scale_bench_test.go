@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -137,7 +136,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		b.Fatalf("build the operator: %v\n%s", err, out)
 	}
-	kubeconfig := userKubeconfig(b, env, dir)
+	kubeconfig := userKubeconfigFile(b, env, operatorUser, "")
 	// The TSDB: CPU and request rates for every opted-in pod, from two minutes ago to ten minutes
 	// ahead, so that every weight cycle of the run finds a full window.
 	vm := vmtest.Start(b)
@@ -325,29 +324,6 @@ func churn(b *testing.B, c client.Client, namespaces, services, opted, perServic
 	}
 	wg.Wait()
 	return int(total.Load())
-}
-
-// userKubeconfig writes a kubeconfig for the operator's own identity (a cluster admin, so that
-// only the audit log's user name tells it apart).
-func userKubeconfig(b *testing.B, env *envtest.Environment, dir string) string {
-	b.Helper()
-	user, err := env.AddUser(envtest.User{Name: operatorUser, Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	raw, err := user.KubeConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	kc, err := clientcmd.Load(raw)
-	if err != nil {
-		b.Fatal(err)
-	}
-	path := filepath.Join(dir, "operator.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		b.Fatal(err)
-	}
-	return path
 }
 
 // verbCounts counts the operator's requests by verb, with a verb/resource breakdown.
