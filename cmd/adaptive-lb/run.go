@@ -248,7 +248,8 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}
 	// Checked before the manager exists: its cache options name ServiceEntry, and without the
-	// CRD the manager would fail with a less helpful message.
+	// CRD the manager would fail with a less helpful message. The manager then uses the same
+	// mapper, so the API server's discovery is read once.
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return fmt.Errorf("build the Kubernetes HTTP client: %w", err)
@@ -262,6 +263,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
+		MapperProvider:                func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
 		Cache:                         controller.CacheOptions(),
 		Metrics:                       metricsOpts,
 		HealthProbeBindAddress:        o.probeAddr,

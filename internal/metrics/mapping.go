@@ -75,16 +75,6 @@ func (x *podIndex) slot(ns, pod string) (int32, bool) {
 	return slot, true
 }
 
-// find looks a pod up without adding it.
-func (x *podIndex) find(key podKey) (int32, bool) {
-	if x.open {
-		x.mu.Lock()
-		defer x.mu.Unlock()
-	}
-	slot, ok := x.slots[key.namespace][key.name]
-	return slot, ok
-}
-
 // size is the number of slots.
 func (x *podIndex) size() int {
 	if x.open {
@@ -115,9 +105,6 @@ type podValues struct {
 	duplicates map[int32]*DuplicateSeriesError
 	// unlabelled counts series without the namespace or pod label; they cannot be attributed.
 	unlabelled int
-	// unrequested counts series of pods the cycle did not ask about (other pods of the same
-	// namespaces); they are skipped.
-	unrequested int
 }
 
 func newPodValues(index *podIndex, labels Labels) podValues {
@@ -134,8 +121,7 @@ func (p *podValues) add(ns, pod string, value float64, others model.Metric) {
 	}
 	slot, ok := p.index.slot(ns, pod)
 	if !ok {
-		p.unrequested++
-		return
+		return // a pod the cycle did not ask about (another pod of the same namespaces)
 	}
 	if int(slot) >= len(p.state) { // an open index grew
 		n := max(int(slot)+1, 2*len(p.state))

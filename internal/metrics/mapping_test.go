@@ -151,7 +151,7 @@ func ptr[T any](v T) *T { return &v }
 
 // sampleOf is valueSample by pod name, for tests.
 func (p *podValues) sampleOf(key podKey) Sample {
-	slot, ok := p.index.find(key)
+	slot, ok := p.index.slots[key.namespace][key.name]
 	if !ok {
 		slot = int32(len(p.state)) // outside every result: no data
 	}

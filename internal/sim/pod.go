@@ -48,7 +48,6 @@ type pod struct {
 	throttledFor float64 // seconds spent throttled with requests waiting
 	area         float64 // ∫ requests in the pod dt, for Little's law
 	errors       uint64
-	// latency is an EWMA of the time requests spend in the pod, what a Prequal probe reports.
 	// rifLatency serves Prequal's probes: the latencies of recently completed requests, kept by
 	// the requests-in-flight each found on arrival. A probe reports the median for the current
 	// RIF, so an idle pod reports what a request arriving now would see, not its busy past.
