@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
 
@@ -169,7 +170,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		waitFullMirror(b, admin, opted, perService, 10*time.Minute)
 		startup := time.Since(start)
 		atStartup := auditCounts(b, auditLog).minus(auditBefore)
-		rssStartup, _ := processMemory(op.Process.Pid)
+		rssStartup, _ := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
 
 		// A minute of churn on opted-in Services (ADAPTIVELB_BENCH_SCALE_RATE changes/s, 20 by
@@ -189,7 +190,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		if cycle.count > 0 {
 			b.ReportMetric(cycle.sum/cycle.count*1000, "weight_cycle_mean_ms")
 		}
-		rss, hwm := processMemory(op.Process.Pid)
+		rss, hwm := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heap := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
 		stop()
 		b.ReportMetric(heapStartup/1e6, "heap_inuse_after_sync_MB")
@@ -380,31 +381,6 @@ func auditCounts(b *testing.B, path string) verbCounts {
 		out.detail[ev.Verb+" "+ev.ObjectRef.Resource]++
 	}
 	return out
-}
-
-// processMemory returns a process's resident set and its peak, in bytes, from /proc.
-func processMemory(pid int) (rss, hwm int64) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0
-	}
-	for line := range strings.Lines(string(raw)) {
-		field := func(prefix string) (int64, bool) {
-			rest, ok := strings.CutPrefix(line, prefix)
-			if !ok {
-				return 0, false
-			}
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10, true
-		}
-		if v, ok := field("VmRSS:"); ok {
-			rss = v
-		}
-		if v, ok := field("VmHWM:"); ok {
-			hwm = v
-		}
-	}
-	return rss, hwm
 }
 
 func freeLoopbackAddr(b *testing.B) string {

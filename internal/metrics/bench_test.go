@@ -9,15 +9,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
-	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	jsoniter "github.com/json-iterator/go"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
 )
 
 const (
@@ -118,21 +117,6 @@ func startBenchTSDB(b *testing.B) string {
 	return "http://" + strings.TrimSpace(addr)
 }
 
-// peakRSS reads the process's high-water resident set (VmHWM) in bytes, 0 if unavailable.
-func peakRSS() uint64 {
-	status, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
-
 // BenchmarkFetch_200kPods decodes and maps one full cycle (4 value queries + 2 freshness probes,
 // each answering 200,000 series) served by a canned TSDB in another process, through the real
 // client path. It reports the peak heap sampled during the cycles (live and not yet swept, above
@@ -152,50 +136,22 @@ func BenchmarkFetch_200kPods(b *testing.B) {
 	}
 	req := Request{Pods: pods, Now: time.UnixMilli(benchEvalUnixMilli), Window: time.Minute, Interval: 10 * time.Second}
 
-	runtime.GC()
-	baseline := liveHeap()
-	var peak atomic.Uint64
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { // sample the live heap; bounded by the benchmark's own duration
-		defer close(done)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				if h := liveHeap(); h > peak.Load() {
-					peak.Store(h)
-				}
-			}
-		}
-	}()
-
 	b.ReportAllocs()
 	b.ResetTimer()
-	for b.Loop() {
-		batch, err := src.Fetch(context.Background(), req)
-		if err != nil {
-			b.Fatal(err)
+	peak, _ := benchutil.PeakHeap(func() {
+		for b.Loop() {
+			batch, err := src.Fetch(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if last := batch.Observations[benchPods-1]; !last.CPUCores.Usable() || last.CPUCores.Value != 0.5 {
+				b.Fatalf("last pod not mapped: %+v", last.CPUCores)
+			}
 		}
-		if last := batch.Observations[benchPods-1]; !last.CPUCores.Usable() || last.CPUCores.Value != 0.5 {
-			b.Fatalf("last pod not mapped: %+v", last.CPUCores)
-		}
-	}
+	})
 	b.StopTimer()
-	close(stop)
-	<-done
-	b.ReportMetric(float64(peak.Load()-min(peak.Load(), baseline))/1e6, "peak-heap-MB")
+	b.ReportMetric(float64(peak)/1e6, "peak-heap-MB")
 	b.ReportMetric(float64(peakRSS())/1e6, "peak-rss-MB")
-}
-
-// liveHeap reads the bytes held by heap objects (live and not yet swept).
-func liveHeap() uint64 {
-	s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	rtmetrics.Read(s)
-	return s[0].Value.Uint64()
 }
 
 // BenchmarkQuery_200kSeries isolates one signal: one 200,000-series response sent, streamed through
@@ -286,4 +242,10 @@ func BenchmarkStreamingDecodeAlternative_200kSeries(b *testing.B) {
 		}
 		jsoniter.ConfigFastest.ReturnIterator(iter)
 	}
+}
+
+// peakRSS is the benchmark process's high-water resident set in bytes.
+func peakRSS() uint64 {
+	_, hwm := benchutil.ProcessMemory("self")
+	return hwm
 }

@@ -6,9 +6,6 @@ package scale
 import (
 	"fmt"
 	"math/rand"
-	"runtime"
-	rtmetrics "runtime/metrics"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
@@ -188,33 +186,6 @@ func rebuildAll(tb testing.TB, fleet []*service, outcomes []cycle.Outcome) (diff
 	return differ
 }
 
-// peakHeap samples the heap while f runs and returns its peak above the heap before f.
-func peakHeap(f func()) (peakAbove, before uint64) {
-	runtime.GC()
-	before = heapObjects()
-	var peak atomic.Uint64
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() { // bounded by f's duration
-		defer close(done)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				if h := heapObjects(); h > peak.Load() {
-					peak.Store(h)
-				}
-			}
-		}
-	}()
-	f()
-	close(stop)
-	<-done
-	return peak.Load() - min(peak.Load(), before), before
-}
-
 // BenchmarkWeightCycle_10kServices measures one weight cycle for 10,000 Services and 200,000
 // pods: the engine, dead band, hold/fallback and budget for every Service, and the weight diff
 // of the writes the budget lets out. The metrics fetch for 200,000 pods is measured in
@@ -227,7 +198,7 @@ func BenchmarkWeightCycle_10kServices(b *testing.B) {
 	var writes, changed int
 	b.ReportAllocs()
 	b.ResetTimer()
-	peak, before := peakHeap(func() {
+	peak, before := benchutil.PeakHeap(func() {
 		for b.Loop() {
 			writes, changed = runCycle(b, f, now)
 		}
@@ -246,7 +217,7 @@ func BenchmarkMirrorRebuild_10kServices(b *testing.B) {
 	var differ int
 	b.ReportAllocs()
 	b.ResetTimer()
-	peak, before := peakHeap(func() {
+	peak, before := benchutil.PeakHeap(func() {
 		for b.Loop() {
 			differ = rebuildAll(b, f, outcomes)
 		}
@@ -270,10 +241,4 @@ func TestWeightCycle_AtScaleDecidesAndBudgetsEveryService(t *testing.T) {
 	if differ := rebuildAll(t, f, plan(t, f, now)); differ != len(f) {
 		t.Errorf("%d of %d rebuilt ServiceEntries differ from the applied ones, want all: the diff misses changes", differ, len(f))
 	}
-}
-
-func heapObjects() uint64 {
-	s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	rtmetrics.Read(s)
-	return s[0].Value.Uint64()
 }

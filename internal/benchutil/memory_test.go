@@ -1,0 +1,29 @@
+package benchutil
+
+import (
+	"os"
+	"runtime"
+	"testing"
+)
+
+func TestPeakHeapSeesWhatTheWorkHolds(t *testing.T) {
+	var keep [][]byte
+	peak, _ := PeakHeap(func() {
+		for range 64 {
+			keep = append(keep, make([]byte, 1<<20)) // 64 MiB held until the work ends
+		}
+	})
+	runtime.KeepAlive(keep)
+	if peak < 32<<20 {
+		t.Errorf("peak %d bytes above the start, want at least 32 MiB of the 64 MiB held", peak)
+	}
+}
+
+func TestProcessMemoryReadsThisProcess(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc here")
+	}
+	if rss, hwm := ProcessMemory("self"); rss == 0 || hwm < rss {
+		t.Errorf("rss %d, peak %d: want a resident set and a peak at least as large", rss, hwm)
+	}
+}
