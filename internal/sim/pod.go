@@ -1,9 +1,6 @@
 package sim
 
-import (
-	"math"
-	"sort"
-)
+import "math"
 
 // cfsPeriod is the CFS bandwidth period Kubernetes uses (cpu.cfs_period_us = 100000).
 const cfsPeriod = 0.1
@@ -143,14 +140,7 @@ func (r *latencyRing) add(v float64) {
 	r.n = min(r.n+1, len(r.samples))
 }
 
-func (r *latencyRing) median() float64 {
-	c := append([]float64(nil), r.samples[:r.n]...)
-	sort.Float64s(c)
-	if len(c)%2 == 1 {
-		return c[len(c)/2]
-	}
-	return (c[len(c)/2-1] + c[len(c)/2]) / 2
-}
+func (r *latencyRing) median() float64 { return medianOf(r.samples[:r.n]) }
 
 // recordRIFLatency files a completed request's in-pod latency under the RIF it found on arrival.
 func (p *pod) recordRIFLatency(rif int, latency float64) {
