@@ -85,14 +85,8 @@ func (s *edfScheduler) startAfterPicks(weights []float64, seed uint64) {
 		s.counter++
 		s.heap = append(s.heap, edfEntry{deadline: next, order: s.counter, host: int32(h)})
 	}
-	slices.SortFunc(s.heap, func(a, b edfEntry) int { // a sorted slice is a valid min-heap
-		switch {
-		case a.deadline < b.deadline:
-			return -1
-		case a.deadline > b.deadline:
-			return 1
-		}
-		return cmp.Compare(a.order, b.order)
+	slices.SortFunc(s.heap, func(a, b edfEntry) int { // a sorted slice is a valid min-heap; less's order
+		return cmp.Or(cmp.Compare(a.deadline, b.deadline), cmp.Compare(a.order, b.order))
 	})
 }
 
