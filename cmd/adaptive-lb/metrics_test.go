@@ -13,7 +13,9 @@ import (
 // arithmetic): api-1 0.75 cores, 100 rps, 2 err/s, p99 95 ms; web-1 last scraped 60 s ago (the last 15 s step before now-50s).
 func loadCheckFleet(t *testing.T, vm *vmtest.Server) time.Time {
 	t.Helper()
-	now := time.Now().Truncate(time.Second)
+	// An hour back: VictoriaMetrics with its default -search.latencyOffset answers queries for
+	// the last 30 s as of 30 s ago; the checks evaluate at this time with --at.
+	now := time.Now().Add(-time.Hour).Truncate(time.Second)
 	from, step := now.Add(-5*time.Minute), 15*time.Second
 	var b strings.Builder
 	add := func(labels string, rate float64, end time.Time) {
@@ -68,21 +70,21 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 	})
 
 	t.Run("--namespace narrows the queries", func(t *testing.T) {
-		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m")
+		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m", "--at", at)
 		if code != exitOK || strings.Contains(stdout, "web-1") || !strings.Contains(stdout, `namespace=~"shop"`) {
 			t.Errorf("exit %d:\n%s", code, stdout)
 		}
 	})
 
 	t.Run("a namespace without series exits 1 with a clear message", func(t *testing.T) {
-		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "nothing-here")
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "nothing-here", "--at", at)
 		if code != exitFailure || !strings.Contains(stderr, "returned no pod series for namespace(s) nothing-here") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}
 	})
 
 	t.Run("a rejected query exits 1 and names the problem", func(t *testing.T) {
-		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--query-cpu", "sum(")
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--query-cpu", "sum(", "--at", at)
 		if code != exitFailure || !strings.Contains(stderr, "HTTP 422") || !strings.Contains(stderr, "fix the query template") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}
