@@ -83,7 +83,8 @@ func TestWeightCycle_StatusSignalsAreThrottled(t *testing.T) {
 
 // Issue 13.5: the reconciler and the weight cycle each write only their own conditions, under
 // an optimistic lock. A reconciler working from a cached copy older than the cycle's last
-// write must not put the old MetricsAvailable back; Ready summarises what is there.
+// write must not put the old MetricsAvailable back, nor drop the reason of the weight the cycle
+// wrote; Ready summarises what is there.
 func TestStatus_AStaleWriterDoesNotOverwriteTheOtherOwnersConditions(t *testing.T) {
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
@@ -98,18 +99,23 @@ func TestStatus_AStaleWriterDoesNotOverwriteTheOtherOwnersConditions(t *testing.
 		t.Fatal(err)
 	}
 
-	// The weight cycle reports an outage meanwhile.
+	// The weight cycle reports an outage meanwhile, and has written a weight with its reason.
 	cycleView := stale.DeepCopy()
-	meta.SetStatusCondition(&cycleView.Status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse,
-		Reason: adlbv1.ReasonMetricsFailed, Message: "TSDB unreachable", ObservedGeneration: cycleView.Generation})
-	if _, err := updateStatus(f.ctx, k8s, k8s, cycleView, func(*adlbv1.AdaptiveLoadBalancer) bool { return true }); err != nil {
+	if _, err := updateStatus(f.ctx, k8s, k8s, cycleView, func(a *adlbv1.AdaptiveLoadBalancer) bool {
+		meta.SetStatusCondition(&a.Status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse,
+			Reason: adlbv1.ReasonMetricsFailed, Message: "TSDB unreachable", ObservedGeneration: a.Generation})
+		a.Status.Endpoints[0].Weight, a.Status.Endpoints[0].Reason = 250, "share from estimated capacity"
+		return true
+	}); err != nil {
 		t.Fatal(err)
 	}
 
-	// The reconciler, still holding the older copy, reports a new mirror outcome.
+	// The reconciler, still holding the older copy, reports a new mirror outcome: the
+	// ServiceEntry now carries the cycle's weight.
 	r := &AdaptiveLoadBalancerReconciler{Client: k8s, apiReader: k8s, Clock: clock.RealClock{}, Metrics: testMetrics}
 	if _, err := r.writeStatus(f.ctx, stale, mirrorOutcome{status: metav1.ConditionTrue, reason: adlbv1.ReasonMirrored,
-		message: "ServiceEntry web mirrors the ready endpoints of Service web (refreshed)", keepEndpoints: true}); err != nil {
+		message:      "ServiceEntry web mirrors the ready endpoints of Service web (refreshed)",
+		serviceEntry: "web", endpoints: []istio.Endpoint{{Pod: "web-1", IP: "10.41.0.1", Zone: "eu-west-1a", Weight: 250}}}); err != nil {
 		t.Fatal(err)
 	}
 	got := &adlbv1.AdaptiveLoadBalancer{}
@@ -125,6 +131,11 @@ func TestStatus_AStaleWriterDoesNotOverwriteTheOtherOwnersConditions(t *testing.
 	}
 	if c := meta.FindStatusCondition(got.Status.Conditions, adlbv1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse || c.Reason != adlbv1.ReasonMetricsFailed {
 		t.Fatalf("Ready should summarise the failing MetricsAvailable: %+v", c)
+	}
+	// Issue 15 ("per-endpoint reason empty after a weight write"): the refresh keeps the
+	// cycle's reason for the weight it wrote.
+	if e := got.Status.Endpoints; len(e) != 1 || e[0].Weight != 250 || e[0].Reason != "share from estimated capacity" {
+		t.Fatalf("the reconciler's refresh dropped the weight cycle's reason: %+v", e)
 	}
 }
 

@@ -240,7 +240,9 @@ func TestPlan_EndpointsWithoutMetricsFollowThePeerRule(t *testing.T) {
 	slow := func(id string, w int) weights.Endpoint {
 		return weights.Endpoint{ID: id, CPUCores: 1.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: w}
 	}
-	missing := func(id string, w int) weights.Endpoint { return weights.Endpoint{ID: id, CPULimitCores: 2, CurrentWeight: w} }
+	missing := func(id string, w int) weights.Endpoint {
+		return weights.Endpoint{ID: id, CPULimitCores: 2, CurrentWeight: w}
+	}
 	groups := map[string]string{"f1": "fast", "f2": "fast", "f3": "fast", "s1": "slow", "s2": "slow", "s-new": "slow"}
 
 	t.Run("a known slow endpoint keeps its last weight", func(t *testing.T) {
