@@ -69,6 +69,26 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 		}
 	})
 
+	t.Run("a stock VictoriaMetrics at a short interval: every pod stale, and what to set", func(t *testing.T) {
+		// Fresh samples up to the wall clock, checked now: VictoriaMetrics answers 30 s back.
+		live := time.Now().Truncate(time.Second)
+		vm.ImportText(t, vmtest.Counter(`container_cpu_usage_seconds_total{namespace="live",pod="api-1",container="app"}`, 0.5, live.Add(-5*time.Minute), live, 5*time.Second)+
+			vmtest.Counter(`istio_requests_total{reporter="destination",namespace="live",pod="api-1",response_code="200"}`, 100, live.Add(-5*time.Minute), live, 5*time.Second))
+		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live", "--interval", "5s")
+		if code != exitOK {
+			t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
+		}
+		for _, want := range []string{"accepts samples up to 10s old", "Every pod is stale", "-search.latencyOffset", "default interval, 30s, allows 1m0s"} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("output lacks %q:\n%s", want, stdout)
+			}
+		}
+		code, stdout, _ = runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live")
+		if code != exitOK || strings.Contains(stdout, "Every pod is stale") || !strings.Contains(stdout, "accepts samples up to 1m0s old") {
+			t.Errorf("at the default 30s interval the pod is fresh; exit %d:\n%s", code, stdout)
+		}
+	})
+
 	t.Run("--namespace narrows the queries", func(t *testing.T) {
 		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m", "--at", at)
 		if code != exitOK || strings.Contains(stdout, "web-1") || !strings.Contains(stdout, `namespace=~"shop"`) {
