@@ -286,8 +286,10 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		return err
 	}
 	versions := &controller.ServiceEntryVersions{}
+	membership := controller.NewMembership(clock.RealClock{})
 	r := &controller.AdaptiveLoadBalancerReconciler{
 		Versions:      versions,
+		Membership:    membership,
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
@@ -304,7 +306,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
-			Versions: versions,
+			Versions: versions, Membership: membership,
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)

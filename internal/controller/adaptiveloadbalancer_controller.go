@@ -69,8 +69,11 @@ type AdaptiveLoadBalancerReconciler struct {
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
 	// Versions are the ServiceEntry versions this operator wrote, shared with the weight cycle;
 	// SetupWithManager creates them if nil.
-	Versions  *ServiceEntryVersions
-	apiReader client.Reader // uncached reads, when the cache and the remembered version disagree
+	Versions *ServiceEntryVersions
+	// Membership records the endpoints each written ServiceEntry lists, shared with the weight
+	// cycle; nil records nothing.
+	Membership *Membership
+	apiReader  client.Reader // uncached reads, when the cache and the remembered version disagree
 	// observePropagation, when set (benchmarks), also receives every propagation delay exactly.
 	observePropagation func(time.Duration)
 }
@@ -106,7 +109,19 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 		r.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
 		outcome = mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: err.Error(), keepEndpoints: true}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
-	} else if tracked {
+	} else {
+		// What the ServiceEntry now lists, for the weight cycle's per-endpoint time in it.
+		if outcome.status == metav1.ConditionTrue {
+			ips := make([]string, len(outcome.endpoints))
+			for i, e := range outcome.endpoints {
+				ips[i] = e.IP
+			}
+			r.Membership.Observe(req.NamespacedName, ips)
+		} else {
+			r.Membership.Forget(req.NamespacedName)
+		}
+	}
+	if err == nil && tracked {
 		d := r.Clock.Since(eventAt)
 		r.Metrics.EndpointPropagation.Observe(d.Seconds())
 		if r.observePropagation != nil {

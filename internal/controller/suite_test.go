@@ -42,6 +42,9 @@ var (
 	operatorClient client.Client
 	// sharedVersions are the mirror's ServiceEntry versions; the weight cycles under test share them, as in the operator.
 	sharedVersions = &ServiceEntryVersions{}
+	// sharedMembership is the mirror's record of endpoint membership, shared the same way; a
+	// weight-cycle test stamps it with its own fake clock.
+	sharedMembership = NewMembership(nil)
 	// propagationSamples collects exact propagation delays while a benchmark records them.
 	propagationSamples = &delayRecorder{}
 )
@@ -163,6 +166,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	operatorClient = mgr.GetClient()
 	r := &AdaptiveLoadBalancerReconciler{
 		Versions:      sharedVersions,
+		Membership:    sharedMembership,
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),

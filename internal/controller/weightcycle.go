@@ -101,6 +101,9 @@ type WeightCycle struct {
 	// weight write based on the cache alone would conflict with the mirror's last write under
 	// endpoint churn. Nil: the cycle keeps its own.
 	Versions *ServiceEntryVersions
+	// Membership is the mirror's record of when each endpoint was in its ServiceEntry; the
+	// cycle counts an endpoint's signals over that time only. Nil: the whole window.
+	Membership *Membership
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -206,7 +209,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	var targets []cycle.Target
 	for _, d := range due {
-		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key])
+		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
 		targets = append(targets, d.observed)
 	}
 	prev := map[string]cycle.State{}
@@ -341,6 +344,16 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 	}
 	var due []*dueTarget
 	var idle []idleTarget
+	present := make(map[types.NamespacedName]bool, len(list.Items))
+	for i := range list.Items {
+		present[client.ObjectKeyFromObject(&list.Items[i])] = true
+	}
+	for key := range w.known {
+		if !present[key] {
+			delete(w.known, key)
+		}
+	}
+	w.Membership.Retain(present)
 	nodeTypes := map[string]string{}
 	for i := range list.Items {
 		alb := &list.Items[i]
@@ -522,6 +535,10 @@ type metricsHealth struct {
 	detail []string
 }
 
+// minMembershipShare is the share of the metrics window an endpoint must have spent in the
+// ServiceEntry for its signals to count; below it the endpoint is treated as without metrics.
+const minMembershipShare = 0.5
+
 // neededSignals are the signals the weight engine cannot do without: the CPU cost per request
 // needs both. Error rate and latency only refine it.
 var neededSignals = []metrics.Signal{metrics.SignalCPU, metrics.SignalRequestRate}
@@ -538,7 +555,7 @@ func queryFailure(err error) bool {
 // target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A metrics
 // outage, for the hold/fallback policy, is "no pod has every signal the algorithm needs": one
 // missing signal (only the Istio series, or only CPU) is as much an outage as a TSDB down.
-func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool) (cycle.Target, metricsHealth) {
+func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool, membership *Membership) (cycle.Target, metricsHealth) {
 	t := cycle.Target{
 		Key:        d.key.String(),
 		Settings:   d.settings,
@@ -622,9 +639,16 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		} else if stale {
 			h.stale++
 		}
+		// Only the time in the ServiceEntry counts: a pod out of it for part of the window
+		// (readiness flapping, just joined) served nothing then, which is no sign of spare
+		// capacity. Its rates are taken over its time in; too little time in says too little.
+		inWindow := membership.Share(d.key, ip, now.Add(-window), now)
+		if inWindow < 1 && inWindow >= minMembershipShare {
+			ep.CPUCores, ep.RequestRate, ep.ErrorRate = ep.CPUCores/inWindow, ep.RequestRate/inWindow, ep.ErrorRate/inWindow
+		}
 		// A pod still in its DestinationRule warm-up keeps its weight: Envoy is ramping its
 		// traffic up, so its signals say nothing about its capacity yet.
-		ep.HasMetrics = complete && !warming
+		ep.HasMetrics = complete && !warming && inWindow >= minMembershipShare
 		t.Endpoints = append(t.Endpoints, ep)
 	}
 	for _, sig := range metrics.Signals {

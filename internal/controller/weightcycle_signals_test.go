@@ -400,3 +400,106 @@ func TestWeightCycle_FrozenKeepsTheWeights(t *testing.T) {
 		t.Fatalf("a Frozen balancer's weights were written: %+v", rep.Outcomes[lf.key()])
 	}
 }
+
+// listed reports whether the membership record lists the endpoint in the ServiceEntry now.
+func (m *Membership) listed(key types.NamespacedName, ip string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	log, ok := m.byKey[key]
+	if !ok {
+		return false
+	}
+	_, in := log.in[ip]
+	return in
+}
+
+// waitForMembership waits until the mirror has recorded the endpoint's membership (it does so
+// right after the ServiceEntry write the test saw), so that the fake clock moves only after.
+func (lf *loopFixture) waitForMembership(ip string, in bool) {
+	lf.t.Helper()
+	lf.eventually(fmt.Sprintf("membership of %s recorded as %v", ip, in), func() error {
+		if sharedMembership.listed(lf.key(), ip) != in {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+// followWeights is traffic that follows the weights at equal target shares: 600 rps split by
+// weight, each pod's CPU at its cost per request.
+func (lf *loopFixture) followWeights(w map[string]int) (cores, rps []float64) {
+	total := 0
+	for _, ip := range lf.ips {
+		total += w[ip]
+	}
+	for i, ip := range lf.ips {
+		rps = append(rps, 600*float64(w[ip])/float64(total))
+		cores = append(cores, rps[i]*skewedCores[i]/100)
+	}
+	return cores, rps
+}
+
+// Issue 15.3: a pod whose readiness flaps is out of the ServiceEntry for part of the window and
+// serves nothing then. Its rate over the whole window looks like spare capacity; only its time
+// in the ServiceEntry may count, so its weight must not rise.
+func TestWeightCycle_AFlappingPodDoesNotGainWeight(t *testing.T) {
+	requireVM(t)
+	// On typed nodes the mirror gives the pod, when it returns, its instance type's median:
+	// the weight it had. (On untyped nodes that is the median of all pods.)
+	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	w := lf.weights()
+	cores, rps := lf.followWeights(w)
+	lf.clock.Step(loopInterval)
+	lf.load(cores, rps)
+	if rep := lf.run(); lf.wrote(rep) != 0 {
+		t.Fatalf("not converged: %+v", rep.Outcomes[lf.key()])
+	}
+
+	// Pod 1 turns unready for 4 s of the next 10 s window and serves nothing meanwhile.
+	flapping := lf.ips[0]
+	endpoints := func(readyFlapping bool) []sliceEndpoint {
+		var eps []sliceEndpoint
+		for i, ip := range lf.ips {
+			e := ready(fmt.Sprintf("web-%d", i+1), ip)
+			if ip == flapping && !readyFlapping {
+				e.ready, e.serving = false, false
+			}
+			eps = append(eps, e)
+		}
+		return eps
+	}
+	lf.slice("web", "web-x", endpoints(false)...)
+	var others []string
+	for _, ip := range lf.ips {
+		if ip != flapping {
+			others = append(others, ip)
+		}
+	}
+	lf.waitForAddresses("web", others...)
+	lf.waitForMembership(flapping, false)
+	idle, idleCores := append([]float64{}, rps...), append([]float64{}, cores...)
+	idle[0], idleCores[0] = 0, 0
+	lf.clock.Step(4 * time.Second)
+	lf.load(idleCores, idle)
+	lf.slice("web", "web-x", endpoints(true)...)
+	lf.waitForAddresses("web", lf.ips...)
+	lf.waitForMembership(flapping, true)
+	lf.clock.Step(6 * time.Second)
+	lf.load(cores, rps)
+
+	if share := sharedMembership.Share(lf.key(), flapping, lf.clock.Now().Add(-2*loopInterval), lf.clock.Now()); share != 0.6 {
+		t.Fatalf("the mirror recorded the pod in the ServiceEntry for %.2f of the window, want 0.6", share)
+	}
+	if back := lf.weights()[flapping]; back != w[flapping] {
+		t.Fatalf("the mirror gave the returning pod weight %d, want its instance type's median %d", back, w[flapping])
+	}
+	rep := lf.run()
+	o := rep.Outcomes[lf.key()]
+	got := o.Decision.Weights()[flapping]
+	t.Logf("flapping pod: weight %d before, %d decided (%s); all %v", w[flapping], got, o.Reason, orderedWeights(lf.ips, o.Decision.Weights()))
+	if float64(got) > 1.05*float64(w[flapping]) {
+		t.Fatalf("the flapping pod's weight rose from %d to %d: its time out of the ServiceEntry was counted as spare capacity", w[flapping], got)
+	}
+}
