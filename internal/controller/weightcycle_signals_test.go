@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
@@ -501,5 +505,58 @@ func TestWeightCycle_AFlappingPodDoesNotGainWeight(t *testing.T) {
 	t.Logf("flapping pod: weight %d before, %d decided (%s); all %v", w[flapping], got, o.Reason, orderedWeights(lf.ips, o.Decision.Weights()))
 	if float64(got) > 1.05*float64(w[flapping]) {
 		t.Fatalf("the flapping pod's weight rose from %d to %d: its time out of the ServiceEntry was counted as spare capacity", w[flapping], got)
+	}
+}
+
+// #15 "What the user sees": each weight-cycle decision is logged once at info level, in one
+// format (JSON, as the operator's), with the AdaptiveLoadBalancer's key.
+func TestWeightCycle_LogsEachDecisionOnceAtInfo(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	var out strings.Builder
+	ctx := log.IntoContext(context.Background(), zap.New(zap.WriteTo(&out), zap.UseDevMode(false), zap.Level(zapcore.InfoLevel)))
+	runLogged := func() {
+		t.Helper()
+		if _, err := lf.loop.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lf.load(skewedCores, equalRPS)
+	runLogged()
+	lf.vm.Stop()
+	for range 2 { // two cycles of the same outage: one line
+		lf.clock.Step(loopInterval)
+		runLogged()
+	}
+
+	count := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("a log line is not JSON: %q", line)
+		}
+		key, _ := entry["adaptiveLoadBalancer"].(map[string]any)
+		if key == nil || key["namespace"] != lf.ns {
+			continue // another test's balancer, or a line without a key
+		}
+		if key["name"] != "web" {
+			t.Errorf("line for the wrong object: %q", line)
+		}
+		if entry["level"] != "info" {
+			t.Errorf("a decision logged at %v, want info: %q", entry["level"], line)
+		}
+		count[entry["msg"].(string)]++
+	}
+	t.Logf("decisions logged: %v", count)
+	written, outage := 0, 0
+	for msg, n := range count {
+		switch {
+		case msg == "weights written":
+			written += n
+		case strings.HasPrefix(msg, "metrics outage"):
+			outage += n
+		}
+	}
+	if written != 1 || outage != 1 {
+		t.Fatalf("want one 'weights written' and one 'metrics outage' line, got %v", count)
 	}
 }
