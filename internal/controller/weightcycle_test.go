@@ -331,6 +331,8 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	}
 	lf.waitForWeights(adapted)
 	lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsFailed)
+	// Six failed queries with their PromQL used to make each condition about 3 KB: summaries now.
+	lf.assertShortConditions("web")
 
 	lf.clock.Step(loopInterval) // five intervals since the last good metrics
 	rep := lf.run()
@@ -344,6 +346,7 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	}
 	lf.waitForWeights(equal)
 	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFallback)
+	lf.assertShortConditions("web")
 	var events []string
 	for drained := false; !drained; {
 		select {
