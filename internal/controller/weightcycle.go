@@ -291,7 +291,8 @@ func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Du
 	m := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable)
 	switch {
 	case m == nil:
-	case m.Status == metav1.ConditionTrue:
+	case m.Status == metav1.ConditionTrue || m.Reason == adlbv1.ReasonQueryFailed:
+		// QueryFailed: an optional signal failed, the ones the engine needs were good.
 		st.LastGoodMetrics = now
 	case m.Reason == adlbv1.ReasonMetricsFailed || m.Reason == adlbv1.ReasonMetricsStale:
 		// The condition turned False at the first failed cycle, one interval after the last good one.
