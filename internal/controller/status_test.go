@@ -174,3 +174,34 @@ func TestReadyCondition_SummarisesTheOthers(t *testing.T) {
 		})
 	}
 }
+
+// Issue 13.6: a new leader rebuilds the hold state from the status the previous one wrote.
+func TestSeedState_ContinuesThePreviousLeadersHold(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	began := metav1.NewTime(now.Add(-time.Minute))
+	with := func(conds ...metav1.Condition) *adlbv1.AdaptiveLoadBalancer {
+		return &adlbv1.AdaptiveLoadBalancer{Status: adlbv1.AdaptiveLoadBalancerStatus{Conditions: conds}}
+	}
+	metricsCond := func(status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: status, Reason: reason, LastTransitionTime: began}
+	}
+	cases := map[string]struct {
+		alb          *adlbv1.AdaptiveLoadBalancer
+		wantLastGood time.Time
+		wantFallback bool
+	}{
+		"metrics good: the hold starts at the first failure from now": {with(metricsCond(metav1.ConditionTrue, adlbv1.ReasonMetricsOK)), now, false},
+		"an outage in progress continues from its start":              {with(metricsCond(metav1.ConditionFalse, adlbv1.ReasonMetricsFailed)), began.Add(-30 * time.Second), false},
+		"a fallback stays a fallback": {with(metricsCond(metav1.ConditionFalse, adlbv1.ReasonMetricsFailed),
+			metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonFallback}), time.Time{}, true},
+		"never fetched: nothing to hold": {with(metricsCond(metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics)), time.Time{}, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			st := seedState(tc.alb, now, 30*time.Second)
+			if !st.LastGoodMetrics.Equal(tc.wantLastGood) || st.FallenBack != tc.wantFallback {
+				t.Errorf("state %+v, want last good %v, fallen back %v", st, tc.wantLastGood, tc.wantFallback)
+			}
+		})
+	}
+}
