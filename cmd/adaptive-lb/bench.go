@@ -18,7 +18,7 @@ import (
 )
 
 // benchPolicies are compared on every scenario of the suite.
-var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
+var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyCPUShare, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
 
 // Markers around the generated part of the benchmarks page.
 const (
