@@ -83,6 +83,7 @@ func layoutPlots(scenario string, results []*Result, dc draw.Canvas) ([][]*plot.
 	tiles := draw.Tiles{Rows: rows, Cols: 2, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	canvases := plot.Align(plots, tiles, dc)
 	for i := range plots {
+		keepClearOfLegend(plots[i][0], canvases[i][0], maxLat)
 		keepClearOfLegend(plots[i][1], canvases[i][1], tops[i])
 	}
 	return plots, canvases, nil

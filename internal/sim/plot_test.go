@@ -9,9 +9,9 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-func TestLayoutPlots_WeightLinesRunBelowTheLegend(t *testing.T) {
-	// Four groups, the heaviest flat at the top of the range for the whole run: before the fix
-	// its line ran along the top of the panel, under the legend.
+func TestLayoutPlots_LinesRunBelowTheLegend(t *testing.T) {
+	// Four groups, the heaviest flat at the top of the range for the whole run, and a flat p99:
+	// before the fix the highest line ran along the top of its panel, under the legend.
 	var weights []WeightPoint
 	var timeline []TimelinePoint
 	for s := 0.0; s <= 600; s += 30 {
@@ -30,16 +30,18 @@ func TestLayoutPlots_WeightLinesRunBelowTheLegend(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range plots {
-				p, c := plots[i][1], canvases[i][1]
-				data := p.DataCanvas(c)
-				_, y := p.Transforms(&data)
-				legendBottom := c.Max.Y - p.Legend.Rectangle(c).Size().Y - p.Legend.TextStyle.FontExtents().Descent -
-					p.Title.TextStyle.Rectangle(p.Title.Text).Size().Y - p.Title.Padding
-				if top := y(1000); top > legendBottom {
-					t.Errorf("row %d: the weight 1000 is drawn at %.1f pt, above the legend's bottom at %.1f pt", i, top.Points(), legendBottom.Points())
-				}
-				if p.Y.Max > 3000 {
-					t.Errorf("row %d: y axis up to %.0f for weights up to 1000: more room than the legend needs", i, p.Y.Max)
+				for j, top := range []float64{40, 1000} { // the highest p99, the highest weight
+					p, c := plots[i][j], canvases[i][j]
+					data := p.DataCanvas(c)
+					_, y := p.Transforms(&data)
+					legendBottom := c.Max.Y - p.Legend.Rectangle(c).Size().Y - p.Legend.TextStyle.FontExtents().Descent -
+						p.Title.TextStyle.Rectangle(p.Title.Text).Size().Y - p.Title.Padding
+					if at := y(top); at > legendBottom {
+						t.Errorf("row %d panel %d: %v is drawn at %.1f pt, above the legend's bottom at %.1f pt", i, j, top, at.Points(), legendBottom.Points())
+					}
+					if p.Y.Max > 3*top {
+						t.Errorf("row %d panel %d: y axis up to %.0f for values up to %v: more room than the legend needs", i, j, p.Y.Max, top)
+					}
 				}
 			}
 		})
