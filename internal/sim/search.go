@@ -108,7 +108,8 @@ func (s *searcher) weightsOf(rel []float64) map[string]int {
 	return out
 }
 
-func key(ws map[string]int) string {
+// weightsKey identifies a weighting for the cache of results.
+func weightsKey(ws map[string]int) string {
 	names := make([]string, 0, len(ws))
 	for n := range ws {
 		names = append(names, n)
@@ -129,7 +130,7 @@ func (s *searcher) evaluate(sets []map[string]int) ([]float64, error) {
 	sem := make(chan struct{}, s.parallel)
 	var wg sync.WaitGroup
 	for i, ws := range sets {
-		k := key(ws)
+		k := weightsKey(ws)
 		s.mu.Lock()
 		p99, ok := s.seen[k]
 		if !ok && s.runs >= s.maxRuns {
@@ -164,7 +165,7 @@ func (s *searcher) evaluate(sets []map[string]int) ([]float64, error) {
 	for i, ws := range sets { // a weighting listed twice in one call was run once
 		if math.IsNaN(out[i]) {
 			s.mu.Lock()
-			out[i] = s.seen[key(ws)]
+			out[i] = s.seen[weightsKey(ws)]
 			s.mu.Unlock()
 		}
 	}
@@ -210,7 +211,7 @@ func SearchStatic(sc *Scenario, o SearchOptions) (*StaticSearch, error) {
 	for best == len(alphas)-1 {
 		next := alphas[best] * 1.5
 		ws := s.weightsOf(relAt(next))
-		if key(ws) == key(sets[best]) || next > maxAlpha || s.runs >= s.maxRuns {
+		if weightsKey(ws) == weightsKey(sets[best]) || next > maxAlpha || s.runs >= s.maxRuns {
 			break
 		}
 		p, err := s.evaluate([]map[string]int{ws})
@@ -225,7 +226,7 @@ func SearchStatic(sc *Scenario, o SearchOptions) (*StaticSearch, error) {
 	out := &StaticSearch{AlphaFrom: alphas[0], AlphaTo: alphas[len(alphas)-1], Alpha: alphas[best], AlphaP99: p99s[best]}
 	if best == len(alphas)-1 {
 		larger := s.weightsOf(relAt(alphas[best] * 1.5))
-		out.AlphaAtEdge = key(larger) != key(sets[best])
+		out.AlphaAtEdge = weightsKey(larger) != weightsKey(sets[best])
 	}
 
 	// Coordinate descent over the classes' weights, in log space.
