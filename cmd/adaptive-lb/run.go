@@ -100,7 +100,8 @@ func newRunCmd() *cobra.Command {
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
-	o.source = addMetricsSourceFlags(f, "tsdb-")
+	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
+	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
 	return cmd
 }
 
