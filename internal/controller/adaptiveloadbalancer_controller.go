@@ -221,6 +221,11 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		if errors.Is(err, istio.ErrNoPorts) {
 			reason = adlbv1.ReasonNoPorts
 		}
+		// The ServiceEntry written before the change would stop following the endpoints: a
+		// frozen copy routes to pods that are gone, so it goes.
+		if delErr := r.deleteOwnedServiceEntry(ctx, alb, reason); delErr != nil {
+			return mirrorOutcome{}, delErr
+		}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, reason, err.Error())
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
 	}
