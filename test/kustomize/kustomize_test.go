@@ -14,9 +14,11 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -146,6 +148,26 @@ func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
 	if len(metrics.Spec.Ports) != 1 || metrics.Spec.Ports[0].TargetPort.String() != "metrics" || !slices.Contains(containerPorts, "metrics") {
 		t.Errorf("metrics Service ports %+v, container ports %v: want the container's port named metrics", metrics.Spec.Ports, containerPorts)
 	}
+	// A scraper bound to the metrics-reader role may GET /metrics: the operator's HTTPS metrics
+	// endpoint asks the API server exactly this SubjectAccessReview; an unbound one may not.
+	if err := c.Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "prometheus-reads-adaptive-lb"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "adaptive-lb-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "prometheus", Namespace: "monitoring"}},
+	}); err != nil {
+		t.Fatalf("bind the metrics-reader ClusterRole: %v", err)
+	}
+	for user, want := range map[string]bool{"system:serviceaccount:monitoring:prometheus": true, "system:serviceaccount:monitoring:other": false} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"}}}
+		if err := c.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != want {
+			t.Errorf("%s may GET /metrics: %v, want %v (%s)", user, sar.Status.Allowed, want, sar.Status.Reason)
+		}
+	}
+
 	// The CRD is served, so AdaptiveLoadBalancers can be created right after the install.
 	deadline := time.Now().Add(30 * time.Second)
 	for !established(&crd) && time.Now().Before(deadline) {
