@@ -33,8 +33,16 @@ type logCapture struct {
 	buf bytes.Buffer
 }
 
+// core is enabled only while capturing, so the rest of the suite pays nothing for it.
 func (c *logCapture) core() zapcore.Core {
-	return zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(c), zapcore.InfoLevel)
+	enabled := zap.LevelEnablerFunc(func(l zapcore.Level) bool { return l >= zapcore.InfoLevel && c.active() })
+	return zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(c), enabled)
+}
+
+func (c *logCapture) active() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.on
 }
 
 func (c *logCapture) Write(p []byte) (int, error) {
