@@ -27,27 +27,52 @@ const (
 )
 
 type benchOptions struct {
-	suite    string
-	policies []string
-	doc      string
-	plots    string
+	suite     string
+	policies  []string
+	doc       string
+	plots     string
+	writeDocs bool
 }
+
+// The repository's benchmark page and plot directory, rewritten only with --write-docs.
+const (
+	benchDocsPage  = "docs/benchmarks.md"
+	benchDocsPlots = "docs/img"
+)
 
 func newBenchCmd() *cobra.Command {
 	o := &benchOptions{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Run the scenario suite under every policy and write the tables and plots",
-		Long: `bench runs every scenario file of --suite under each policy, prints a p99 table, rewrites
-the generated section of --doc (docs/benchmarks.md) and writes one PNG per scenario into --plots.`,
+		Short: "Run the scenario suite under every policy and print the tables",
+		Long: `bench runs every scenario file of --suite under each policy and prints a p99 table and the
+capacity policy's targets. It writes files only when asked: --doc rewrites the generated section
+of a markdown file, --plots writes one PNG per scenario into a directory, and --write-docs does
+both for the repository's own docs/benchmarks.md and docs/img (run it from the repository root).`,
+		Example: `  adaptive-lb bench
+  adaptive-lb bench --plots out/
+  adaptive-lb bench --write-docs`,
 		Args: cobra.NoArgs,
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if o.writeDocs {
+				if cmd.Flags().Changed("doc") || cmd.Flags().Changed("plots") {
+					return newUsageError("--write-docs writes %s and %s; pass either it or --doc/--plots", benchDocsPage, benchDocsPlots)
+				}
+				if _, err := os.Stat(benchDocsPage); err != nil {
+					return newUsageError("--write-docs rewrites %s, which is not here: run it from the repository root (%v)", benchDocsPage, err)
+				}
+				o.doc, o.plots = benchDocsPage, benchDocsPlots
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd.OutOrStdout(), cmd.ErrOrStderr()) },
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.suite, "suite", "bench/scenarios", "directory of scenario YAML files")
 	f.StringSliceVar(&o.policies, "policies", benchPolicies, "policies to compare")
-	f.StringVar(&o.doc, "doc", "docs/benchmarks.md", "markdown file whose generated section is rewritten; empty prints only")
-	f.StringVar(&o.plots, "plots", "docs/img", "directory for one PNG per scenario; empty writes none")
+	f.StringVar(&o.doc, "doc", "", "markdown file whose generated section is rewritten (default: none, the tables are only printed)")
+	f.StringVar(&o.plots, "plots", "", "directory for one PNG per scenario (default: none)")
+	f.BoolVar(&o.writeDocs, "write-docs", false, "rewrite "+benchDocsPage+" and the PNGs in "+benchDocsPlots+" of the repository in the current directory")
 	return cmd
 }
 
@@ -115,7 +140,7 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 
 func (o *benchOptions) markdown(rows []benchRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench` (suite `%s`, seed of each scenario file).\n\n", o.suite)
+	fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs` (suite `%s`, seed of each scenario file).\n\n", o.suite)
 	b.WriteString("p99 latency in ms:\n\n| scenario |")
 	for _, p := range o.policies {
 		fmt.Fprintf(&b, " %s |", p)
