@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -18,12 +19,14 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -57,6 +60,7 @@ type runOptions struct {
 	writeBudget             int
 	holdIntervals           int
 	endpointWeightMetrics   bool
+	logOutput               io.Writer // the command's stderr
 	source                  *metricsSourceFlags
 	sourceConfig            metrics.Config
 }
@@ -75,6 +79,7 @@ func newRunCmd() *cobra.Command {
 			if ctx == nil || ctx == context.Background() {
 				ctx = ctrl.SetupSignalHandler()
 			}
+			o.logOutput = cmd.ErrOrStderr()
 			return o.run(ctx)
 		},
 	}
@@ -100,7 +105,8 @@ func newRunCmd() *cobra.Command {
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
-	o.source = addMetricsSourceFlags(f, "tsdb-")
+	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
+	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
 	return cmd
 }
 
@@ -167,10 +173,12 @@ var errIstioCRDsMissing = errors.New("the ServiceEntry CRD (networking.istio.io/
 
 func (o *runOptions) run(ctx context.Context) error {
 	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
-	// Stack traces only for panics: an Error log here is an expected condition (an API server
-	// outage, a metrics failure), not a bug.
-	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level)), zap.StacktraceLevel(zapcore.PanicLevel)))
-	logger := ctrl.Log.WithName("run")
+	base := installLogger(o.logOutput, zapLevel(level))
+	// The manager, its controllers and the weight cycle log through base (the manager's Logger
+	// option and the context), not through the process-wide default, which only the first call
+	// of SetLogger sets.
+	ctx = log.IntoContext(ctx, base)
+	logger := base.WithName("run")
 	if soft := setMemoryLimitFromCgroup(cgroupMemoryMax); soft > 0 {
 		logger.Info("Go memory limit set from the container's", "bytes", soft)
 	}
@@ -197,7 +205,7 @@ func (o *runOptions) run(ctx context.Context) error {
 	rejoining := false
 	wait := o.retryPeriod
 	for {
-		err := o.runManager(ctx, cfg, scheme, shared, logger)
+		err := o.runManager(ctx, cfg, scheme, shared, base, logger)
 		switch {
 		case ctx.Err() != nil:
 			return err
@@ -242,7 +250,7 @@ func isLeadershipLost(err error) bool {
 
 // runManager builds one controller manager with the mirror and the weight cycle and runs it
 // until ctx ends or it stops on its own (for example after losing the leader lease).
-func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, shared sharedParts, logger logr.Logger) error {
+func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, shared sharedParts, base, logger logr.Logger) error {
 	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics}
 	if o.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
@@ -263,6 +271,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                        scheme,
+		Logger:                        base,
 		MapperProvider:                func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
 		Cache:                         controller.CacheOptions(),
 		Metrics:                       metricsOpts,
@@ -362,3 +371,18 @@ func requireServiceEntryCRD(mapper meta.RESTMapper) error {
 }
 
 func zapLevel(l int) zapcore.Level { return zapcore.Level(l) }
+
+// installLogger builds the operator's logger: JSON lines on w at level, stack traces only for
+// panics (an Error log here is an expected condition such as an API server outage, not a bug).
+// It also becomes the logger of controller-runtime's packages and of klog, through which
+// client-go (leader election, informers) logs, so every line the process writes is JSON.
+func installLogger(w io.Writer, level zapcore.Level) logr.Logger {
+	if w == nil {
+		w = io.Discard
+	}
+	// Locked: the manager, the informers and klog write from many goroutines.
+	logger := zap.New(zap.WriteTo(zapcore.Lock(zapcore.AddSync(w))), zap.UseDevMode(false), zap.Level(level), zap.StacktraceLevel(zapcore.PanicLevel))
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	return logger
+}

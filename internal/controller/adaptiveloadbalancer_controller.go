@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	apinetworkingv1 "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -102,6 +103,9 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 	ctx = log.IntoContext(ctx, logger)
 
 	outcome, err := r.mirror(ctx, alb)
+	if err == nil {
+		logNotServed(logger, alb, outcome)
+	}
 	if err != nil {
 		if tracked {
 			r.propagation.restore(req.NamespacedName, eventAt)
@@ -166,7 +170,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, svc)
 	if apierrors.IsNotFound(err) {
 		// A ServiceEntry for a Service that is gone would keep routing to pods that are gone too.
-		if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+		if err := r.deleteOwnedServiceEntry(ctx, alb, adlbv1.ReasonTargetNotFound); err != nil {
 			return mirrorOutcome{}, err
 		}
 		msg := fmt.Sprintf("Service %s/%s not found; create it or fix spec.targetRef.name", alb.Namespace, alb.Spec.TargetRef.Name)
@@ -177,7 +181,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 		return mirrorOutcome{}, fmt.Errorf("get Service %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
 	if err := istio.CheckSupported(svc); err != nil {
-		if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+		if err := r.deleteOwnedServiceEntry(ctx, alb, adlbv1.ReasonUnsupported); err != nil {
 			return mirrorOutcome{}, err
 		}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventUnsupported, err.Error())
@@ -231,6 +235,11 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		reason := adlbv1.ReasonUnsupported
 		if errors.Is(err, istio.ErrNoPorts) {
 			reason = adlbv1.ReasonNoPorts
+		}
+		// The ServiceEntry written before the change would stop following the endpoints: a
+		// frozen copy routes to pods that are gone, so it goes.
+		if delErr := r.deleteOwnedServiceEntry(ctx, alb, reason); delErr != nil {
+			return mirrorOutcome{}, delErr
 		}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, reason, err.Error())
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
@@ -442,6 +451,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		r.Versions.remember(se)
 		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
+		log.FromContext(ctx).Info("ServiceEntry created", "serviceEntry", client.ObjectKeyFromObject(se), "endpoints", len(spec.Endpoints), "writeReason", reason)
 		return nil
 	}
 	if upToDate(existing, spec) {
@@ -462,10 +472,13 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	}
 	r.Versions.remember(updated)
 	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
+	log.FromContext(ctx).Info("ServiceEntry updated", "serviceEntry", client.ObjectKeyFromObject(updated), "endpoints", len(spec.Endpoints), "writeReason", reason)
 	return nil
 }
 
-func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) error {
+// deleteOwnedServiceEntry removes the ServiceEntry this AdaptiveLoadBalancer owns, if any, because
+// of reason (a condition reason: why the Service cannot be mirrored).
+func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, reason string) error {
 	se := &networkingv1.ServiceEntry{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se)
 	if apierrors.IsNotFound(err) {
@@ -481,8 +494,24 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 		return fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
 	r.Versions.forget(client.ObjectKeyFromObject(se))
-	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: its Service cannot be mirrored", se.Name)
+	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: its Service cannot be mirrored (%s)", se.Name, reason)
+	log.FromContext(ctx).Info("ServiceEntry deleted: its Service cannot be mirrored; traffic falls back to the Kubernetes endpoints", "serviceEntry", client.ObjectKeyFromObject(se), "reason", reason)
 	return nil
+}
+
+// logNotServed logs, once per change, why an AdaptiveLoadBalancer is not served (a conflict, a
+// ServiceEntry it does not own, an unsupported or missing Service): these outcomes repeat on
+// every reconcile, and only the change of reason or message is news. The previous outcome is
+// the EndpointsMirrored condition, which only this reconciler sets.
+func logNotServed(logger logr.Logger, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) {
+	if o.status != metav1.ConditionFalse {
+		return
+	}
+	prev := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored)
+	if prev != nil && prev.Reason == o.reason && prev.Message == o.message {
+		return
+	}
+	logger.Info("AdaptiveLoadBalancer not served", "reason", o.reason, "message", o.message)
 }
 
 // writeStatus computes the mirror's part of the status (see status.go for who owns what) and
