@@ -116,11 +116,11 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 	} else {
 		// What the ServiceEntry now lists, for the weight cycle's per-endpoint time in it.
 		if outcome.status == metav1.ConditionTrue {
-			ips := make([]string, len(outcome.endpoints))
+			eps := make([]MemberEndpoint, len(outcome.endpoints))
 			for i, e := range outcome.endpoints {
-				ips[i] = e.IP
+				eps[i] = MemberEndpoint{IP: e.IP, Pod: e.Pod, Weight: e.Weight}
 			}
-			r.Membership.Observe(req.NamespacedName, ips)
+			r.Membership.Observe(req.NamespacedName, eps)
 		} else {
 			r.Membership.Forget(req.NamespacedName)
 		}
@@ -345,7 +345,10 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 			}
 		}
 	}
-	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes)
+	recent := func(ip, pod string) (uint32, bool) {
+		return r.Membership.RecentWeight(client.ObjectKeyFromObject(alb), ip, pod)
+	}
+	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes, recent)
 	return in, nil
 }
 
@@ -357,9 +360,11 @@ const InstanceTypeLabel = "node.kubernetes.io/instance-type"
 // gets the median weight of the pods already weighted on nodes of its instance type (the same
 // hardware serves at the same speed; a pod replaced in a rolling restart thus starts near its
 // predecessor's weight instead of overloading a slow machine for a window), or the median of all
-// current weights when it has no such peer. In DryRun, and before any weight cycle, all weights
-// are equal.
-func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod, nodes map[string]*corev1.Node) (map[string]uint32, uint32) {
+// current weights when it has no such peer. A pod that left the ServiceEntry moments ago (its
+// readiness flapped) returns at the weight it had (recent, may be nil). In DryRun, and before
+// any weight cycle, all weights are equal.
+func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod, nodes map[string]*corev1.Node,
+	recent func(ip, pod string) (uint32, bool)) (map[string]uint32, uint32) {
 	equal := uint32(EqualWeight(alb))
 	if existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun {
 		return nil, equal
@@ -390,6 +395,16 @@ func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.Ser
 				if t := instanceType(pod); t != "" {
 					byType[t] = append(byType[t], w)
 				}
+			}
+		}
+	}
+	for name, pod := range pods {
+		if _, weighted := out[name]; weighted || recent == nil {
+			continue
+		}
+		for _, ip := range podIPs(pod) {
+			if w, ok := recent(ip, name); ok {
+				out[name] = w
 			}
 		}
 	}

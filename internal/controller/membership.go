@@ -34,6 +34,15 @@ type span struct{ from, to time.Time }
 type memberLog struct {
 	in  map[string]time.Time // endpoint → since when (zero: since before the records)
 	out map[string][]span    // endpoint → past spans in the ServiceEntry
+	// weight is each endpoint's weight in the last ServiceEntry that listed it, with its pod;
+	// it outlives the endpoint's removal by membershipRetention.
+	weight map[string]podWeight
+}
+
+type podWeight struct {
+	pod    string
+	weight uint32
+	left   time.Time // zero while listed
 }
 
 // NewMembership returns an empty record stamped by c (nil: the real clock).
@@ -51,8 +60,14 @@ func (m *Membership) SetClock(c clock.PassiveClock) {
 	m.clock = c
 }
 
-// Observe records that the ServiceEntry key now lists exactly the endpoints ips.
-func (m *Membership) Observe(key types.NamespacedName, ips []string) {
+// MemberEndpoint is one endpoint a ServiceEntry lists.
+type MemberEndpoint struct {
+	IP, Pod string
+	Weight  uint32
+}
+
+// Observe records that the ServiceEntry key now lists exactly the endpoints eps.
+func (m *Membership) Observe(key types.NamespacedName, eps []MemberEndpoint) {
 	if m == nil {
 		return
 	}
@@ -61,12 +76,14 @@ func (m *Membership) Observe(key types.NamespacedName, ips []string) {
 	now := m.clock.Now()
 	log, known := m.byKey[key]
 	if !known {
-		log = &memberLog{in: map[string]time.Time{}, out: map[string][]span{}}
+		log = &memberLog{in: map[string]time.Time{}, out: map[string][]span{}, weight: map[string]podWeight{}}
 		m.byKey[key] = log
 	}
-	current := make(map[string]bool, len(ips))
-	for _, ip := range ips {
+	current := make(map[string]bool, len(eps))
+	for _, e := range eps {
+		ip := e.IP
 		current[ip] = true
+		log.weight[ip] = podWeight{pod: e.Pod, weight: e.Weight}
 		if _, in := log.in[ip]; !in {
 			since := now
 			if !known {
@@ -79,6 +96,15 @@ func (m *Membership) Observe(key types.NamespacedName, ips []string) {
 		if !current[ip] {
 			log.out[ip] = append(log.out[ip], span{from: since, to: now})
 			delete(log.in, ip)
+			if w, ok := log.weight[ip]; ok {
+				w.left = now
+				log.weight[ip] = w
+			}
+		}
+	}
+	for ip, w := range log.weight {
+		if !w.left.IsZero() && now.Sub(w.left) >= membershipRetention {
+			delete(log.weight, ip)
 		}
 	}
 	for ip, spans := range log.out {
@@ -94,6 +120,45 @@ func (m *Membership) Observe(key types.NamespacedName, ips []string) {
 			log.out[ip] = kept
 		}
 	}
+}
+
+// Weighted records weights the weight cycle wrote to the ServiceEntry's listed endpoints.
+func (m *Membership) Weighted(key types.NamespacedName, weights map[string]int) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	log, ok := m.byKey[key]
+	if !ok {
+		return
+	}
+	for ip, w := range weights {
+		if pw, listed := log.weight[ip]; listed && pw.left.IsZero() && w > 0 {
+			pw.weight = uint32(w)
+			log.weight[ip] = pw
+		}
+	}
+}
+
+// RecentWeight returns the weight a pod had in the ServiceEntry when it last left it, within
+// membershipRetention: a pod whose readiness flaps returns at the weight it had, instead of
+// at a median that may overload it.
+func (m *Membership) RecentWeight(key types.NamespacedName, ip, pod string) (uint32, bool) {
+	if m == nil {
+		return 0, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	log, ok := m.byKey[key]
+	if !ok {
+		return 0, false
+	}
+	w, ok := log.weight[ip]
+	if !ok || w.left.IsZero() || w.pod != pod || w.weight == 0 || m.clock.Now().Sub(w.left) >= membershipRetention {
+		return 0, false
+	}
+	return w.weight, true
 }
 
 // Forget drops the records of a ServiceEntry that is gone.

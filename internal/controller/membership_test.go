@@ -14,11 +14,19 @@ func TestMembership_ShareCountsOnlyTheTimeInTheServiceEntry(t *testing.T) {
 	clk := clocktesting.NewFakeClock(t0)
 	m := NewMembership(clk)
 	key := types.NamespacedName{Namespace: "shop", Name: "web"}
-	m.Observe(key, []string{"a", "b"}) // first record: present since before any window
+	a, b, c := MemberEndpoint{IP: "a", Pod: "pa", Weight: 100}, MemberEndpoint{IP: "b", Pod: "pb", Weight: 100}, MemberEndpoint{IP: "c", Pod: "pc", Weight: 100}
+	m.Observe(key, []MemberEndpoint{a, b}) // first record: present since before any window
+	m.Weighted(key, map[string]int{"a": 120, "b": 30})
 	clk.Step(2 * time.Second)
-	m.Observe(key, []string{"a"}) // b leaves at t0+2s
+	m.Observe(key, []MemberEndpoint{a}) // b leaves at t0+2s
+	if w, ok := m.RecentWeight(key, "b", "pb"); !ok || w != 30 {
+		t.Errorf("b's weight when it left: %d (%v), want the cycle's 30", w, ok)
+	}
+	if _, ok := m.RecentWeight(key, "b", "another-pod"); ok {
+		t.Error("another pod on b's address inherited b's weight")
+	}
 	clk.Step(3 * time.Second)
-	m.Observe(key, []string{"a", "b", "c"}) // b returns and c joins at t0+5s
+	m.Observe(key, []MemberEndpoint{a, b, c}) // b returns and c joins at t0+5s
 	clk.Step(5 * time.Second)
 	from, to := t0, t0.Add(10*time.Second)
 

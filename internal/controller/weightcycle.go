@@ -731,6 +731,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
 	w.Versions.remember(se)
+	w.Membership.Weighted(d.key, next)
 	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
 	return nil
 }

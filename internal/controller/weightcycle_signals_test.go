@@ -560,3 +560,33 @@ func TestWeightCycle_LogsEachDecisionOnceAtInfo(t *testing.T) {
 		t.Fatalf("want one 'weights written' and one 'metrics outage' line, got %v", count)
 	}
 }
+
+// Issue 15.3, the mirror's side: a pod whose readiness flaps returns to the ServiceEntry at the
+// weight it had, not at the median of all pods (what a new pod on an untyped node gets), which
+// would send a slow pod ten times its traffic until the next cycle.
+func TestMirror_AFlappingPodReturnsAtItsWeight(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	w := lf.weights()
+	slow := lf.ips[5]
+	endpoints := func(withSlow bool) []sliceEndpoint {
+		var eps []sliceEndpoint
+		for i, ip := range lf.ips {
+			e := ready(fmt.Sprintf("web-%d", i+1), ip)
+			if ip == slow && !withSlow {
+				e.ready, e.serving = false, false
+			}
+			eps = append(eps, e)
+		}
+		return eps
+	}
+	lf.slice("web", "web-x", endpoints(false)...)
+	lf.waitForAddresses("web", lf.ips[:5]...)
+	lf.waitForMembership(slow, false)
+	lf.slice("web", "web-x", endpoints(true)...)
+	lf.waitForAddresses("web", lf.ips...)
+	if got := lf.weights()[slow]; got != w[slow] {
+		t.Fatalf("the slow pod came back at weight %d, want the %d it had (weights before %v)", got, w[slow], orderedWeights(lf.ips, w))
+	}
+}
