@@ -551,10 +551,13 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		// The mirror decides whether a ServiceEntry exists, so it alone says NoServiceEntry,
 		// and replaces that (or an absent condition) by the equal-weights placeholder once the
 		// ServiceEntry is written. Every other WeightsApplied value comes from the weight cycle.
+		// A spec change also refreshes a condition that only states the mode (equal weights,
+		// DryRun, Frozen): without a TSDB no weight cycle runs to do it.
 		switch c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); {
 		case o.status != metav1.ConditionTrue && o.reason != adlbv1.ReasonWriteFailed:
 			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, false))
-		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry):
+		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry ||
+			(c.ObservedGeneration != gen && modeOnlyReason(c.Reason))):
 			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, true))
 		}
 		if !o.keepEndpoints {
@@ -595,6 +598,11 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		r.lastStatusWrite.Store(key, r.Clock.Now())
 	}
 	return max(wait, 0), nil
+}
+
+// modeOnlyReason reports whether a WeightsApplied reason follows from the mode alone.
+func modeOnlyReason(reason string) bool {
+	return reason == adlbv1.ReasonEqualWeights || reason == adlbv1.ReasonDryRun || reason == adlbv1.ReasonFrozen
 }
 
 // placeholderWeightsCondition is WeightsApplied before the weight cycle has reported: equal

@@ -205,3 +205,35 @@ func TestSeedState_ContinuesThePreviousLeadersHold(t *testing.T) {
 		})
 	}
 }
+
+// Without a TSDB no weight cycle runs: a mode change must still show in WeightsApplied, which
+// then only states the mode.
+func TestStatus_ModeChangesShowWithoutAWeightCycle(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.42.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.42.0.1"))
+	f.alb("web", "web")
+	f.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonEqualWeights)
+	for _, step := range []struct {
+		mode   adlbv1.Mode
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{adlbv1.ModeDryRun, metav1.ConditionFalse, adlbv1.ReasonDryRun},
+		{adlbv1.ModeFrozen, metav1.ConditionTrue, adlbv1.ReasonFrozen},
+		{adlbv1.ModeActive, metav1.ConditionTrue, adlbv1.ReasonEqualWeights},
+	} {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
+			t.Fatal(err)
+		}
+		a.Spec.Mode = step.mode
+		if err := k8s.Update(f.ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		f.waitForCondition("web", adlbv1.ConditionWeightsApplied, step.status, step.reason)
+		f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	}
+}
