@@ -53,6 +53,13 @@ func (lf *loopFixture) weightsOf(name string) map[string]int {
 	return out
 }
 
+// useCapacity pins the capacity algorithm: these tests reason about its feedback on traffic
+// shares, whatever the CRD's default algorithm is.
+func (lf *loopFixture) useCapacity() {
+	lf.t.Helper()
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Algorithm = adlbv1.AlgorithmCapacity })
+}
+
 // updateALB changes the spec and waits until the operator's cache has the new generation.
 func (lf *loopFixture) updateALB(name string, change func(*adlbv1.AdaptiveLoadBalancer)) {
 	lf.t.Helper()
@@ -95,6 +102,7 @@ func endpointReason(a *adlbv1.AdaptiveLoadBalancer, ip string) string {
 // must be weighted by its own queries' results: the fetch keys results by (queries, pod).
 func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
 	var eps []sliceEndpoint
 	for i, ip := range lf.ips {
@@ -102,6 +110,7 @@ func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
 	}
 	lf.slice("api", "api-x", eps...)
 	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Algorithm = adlbv1.AlgorithmCapacity
 		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
 		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{
 			CPU: `sum by (namespace, pod) (rate(app_cpu_seconds_total{namespace=~"{{.Namespaces}}", pod=~"{{.Pods}}"}[{{.Window}}]))`}}
@@ -153,6 +162,7 @@ func withInstanceTypes(f *fixture) func(i int) []func(*corev1.Pod) {
 func TestWeightCycle_APodWithoutMetricsKeepsItsWeightOrTakesItsInstanceTypesMedian(t *testing.T) {
 	requireVM(t)
 	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	if rep := lf.run(); lf.wrote(rep) != 1 {
 		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
@@ -219,6 +229,7 @@ func newFixtureFor(t *testing.T) *fixture {
 // the status keeps the weights and the lastWeightWrite the ServiceEntry really has.
 func TestWeightCycle_AFailedWeightWriteIsNotReportedAsApplied(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	applied := lf.weights()
@@ -266,6 +277,7 @@ func TestWeightCycle_AFailedWeightWriteIsNotReportedAsApplied(t *testing.T) {
 // that is an outage, so the last weights are held, not reset to equal at once.
 func TestWeightCycle_OneMissingSignalIsAnOutage(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	adapted := lf.weights()
@@ -290,6 +302,7 @@ func TestWeightCycle_OneMissingSignalIsAnOutage(t *testing.T) {
 // MetricsAvailable False, while the weights still use the signals that work.
 func TestWeightCycle_AQueryFailingForEveryPodIsReported(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
 		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{LatencyP99: `histogram_quantile(0.99, sum by (le) (`}}
 	})
@@ -311,6 +324,7 @@ func TestWeightCycle_AQueryFailingForEveryPodIsReported(t *testing.T) {
 // and what to change.
 func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	// Samples up to the wall clock's now, evaluated now: within VictoriaMetrics' latency offset.
 	lf.clock = clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	lf.loop.Clock = lf.clock
@@ -332,6 +346,7 @@ func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
 // old one started (seeded from status) instead of resetting the weights at once.
 func TestWeightCycle_FailoverDuringAnOutageKeepsHolding(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	adapted := lf.weights()
@@ -370,6 +385,7 @@ func TestWeightCycle_FailoverDuringAnOutageKeepsHolding(t *testing.T) {
 // changes none; a joining pod gets the mirror's median weight.
 func TestWeightCycle_FrozenKeepsTheWeights(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	adapted := lf.weights()
@@ -451,6 +467,7 @@ func TestWeightCycle_AFlappingPodDoesNotGainWeight(t *testing.T) {
 	// On typed nodes the mirror gives the pod, when it returns, its instance type's median:
 	// the weight it had. (On untyped nodes that is the median of all pods.)
 	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	w := lf.weights()
@@ -512,6 +529,7 @@ func TestWeightCycle_AFlappingPodDoesNotGainWeight(t *testing.T) {
 // format (JSON, as the operator's), with the AdaptiveLoadBalancer's key.
 func TestWeightCycle_LogsEachDecisionOnceAtInfo(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	var out strings.Builder
 	ctx := log.IntoContext(context.Background(), zap.New(zap.WriteTo(&out), zap.UseDevMode(false), zap.Level(zapcore.InfoLevel)))
 	runLogged := func() {
@@ -566,6 +584,7 @@ func TestWeightCycle_LogsEachDecisionOnceAtInfo(t *testing.T) {
 // would send a slow pod ten times its traffic until the next cycle.
 func TestMirror_AFlappingPodReturnsAtItsWeight(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	w := lf.weights()
