@@ -60,7 +60,8 @@ var goldenRuns = []goldenRun{
 // percentile, for a few short runs, to what the simulator produced before its speed-up (heap of
 // every event, exact sorting): the speed-up must not change what is simulated. The mean latency
 // is summed in another order now, so it is compared to 1e-9. Regenerate with
-// `go test -run OutputsUnchanged -update-golden ./internal/sim/` only when a change of the model
+// `go test ./internal/sim/ -run OutputsUnchanged -update-golden` (the package before the flag:
+// go test stops reading packages at a flag it does not know) only when a change of the model
 // is intended.
 func TestRun_OutputsUnchangedForFixedSeed(t *testing.T) {
 	if runtime.GOARCH != "amd64" {

@@ -38,19 +38,26 @@ func computeCPUShare(endpoints []Endpoint, s Settings) Decision {
 	n := len(endpoints)
 	d := Decision{Endpoints: make([]Result, n), Reason: "weights moved toward their inverse-CPU shares"}
 	ok := make([]bool, n)
-	var cpuSum float64
+	// The idle rule reads the mean CPU of every measured endpoint, idle ones (0 cores) included;
+	// the shares need a CPU above 0 and a request rate.
+	var cpuSum, measuredCPUSum float64
 	var current []int
-	valid := 0
+	valid, measured := 0, 0
 	for i, ep := range endpoints {
 		var why string
 		ok[i], why = usable(ep, 0)
 		d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: why}
-		if ep.CurrentWeight > 0 {
-			current = append(current, ep.CurrentWeight)
+		if ep.CurrentWeight <= 0 {
+			continue
 		}
-		if ok[i] && ep.CurrentWeight > 0 {
+		current = append(current, ep.CurrentWeight)
+		if ok[i] {
 			cpuSum += ep.CPUCores
 			valid++
+		}
+		if ep.HasMetrics && finite(ep.CPUCores) && ep.CPUCores >= 0 {
+			measuredCPUSum += ep.CPUCores
+			measured++
 		}
 	}
 	for i, ep := range endpoints {
@@ -59,18 +66,18 @@ func computeCPUShare(endpoints []Endpoint, s Settings) Decision {
 			ok[i] = false
 		}
 	}
-	if valid == 0 {
-		d.Reason = "no endpoint with usable metrics: weights kept"
-		return d
-	}
-	meanCPU := cpuSum / float64(valid)
-	if meanCPU < cpuShareIdleCores {
+	if measured > 0 && measuredCPUSum/float64(measured) < cpuShareIdleCores {
 		for i := range d.Endpoints {
 			d.Endpoints[i].Weight, d.Endpoints[i].Reason = cpuShareIdleWeight, ReasonCPUShareIdle
 		}
 		d.Reason = ReasonCPUShareIdle
 		return d
 	}
+	if valid == 0 {
+		d.Reason = "no endpoint with usable metrics: weights kept"
+		return d
+	}
+	meanCPU := cpuSum / float64(valid)
 	var weightSum, scoreSum float64
 	for i, ep := range endpoints {
 		if ok[i] {

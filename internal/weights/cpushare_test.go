@@ -31,6 +31,16 @@ func TestCompute_CPUShareFollowsThePublishedShareRule(t *testing.T) {
 			endpoints: []Endpoint{ep("a", 0.1, 100, 0, 1500), ep("b", 0.2, 100, 0, 500)},
 			want:      []int{600, 600},
 		},
+		"an idle fleet, every pod at zero CPU, gets 600 everywhere": {
+			// Zero CPU is a measured value, not a missing one: the mean is 0 < 0.2 cores.
+			endpoints: []Endpoint{ep("a", 0, 0, 0, 1000), ep("b", 0, 0, 0, 300)},
+			want:      []int{600, 600},
+		},
+		"pods at zero CPU count in the mean that decides idleness": {
+			// Mean (0 + 0 + 0.5) / 3 = 0.17 cores < 0.2: idle, although the busy pod alone is not.
+			endpoints: []Endpoint{ep("a", 0, 0, 0, 1000), ep("b", 0, 0, 0, 1000), ep("c", 0.5, 50, 0, 1000)},
+			want:      []int{600, 600, 600},
+		},
 		"every weight is multiplied by 10 when the weights sum to less than 100 per endpoint": {
 			endpoints: []Endpoint{ep("a", 1, 100, 0, 20), ep("b", 1, 100, 0, 20)},
 			want:      []int{200, 200},
