@@ -30,6 +30,9 @@ const (
 	ReasonWriteFailed = "WriteFailed"
 	// ReasonNoPorts: none of the selected ports exist on the Service.
 	ReasonNoPorts = "NoPorts"
+	// ReasonTooManyEndpoints: the ServiceEntry would exceed etcd's object size limit; it is
+	// deleted and the Service's clients use the Kubernetes endpoints, unweighted.
+	ReasonTooManyEndpoints = "TooManyEndpoints"
 	// ReasonEqualWeights: weights are equal; no weight cycle has run yet.
 	ReasonEqualWeights = "EqualWeights"
 	// ReasonWeightsApplied: the decided weights are in the ServiceEntry.

@@ -52,6 +52,7 @@ func trimPod(obj any) (any, error) {
 		Spec: corev1.PodSpec{
 			NodeName:           pod.Spec.NodeName,
 			ServiceAccountName: pod.Spec.ServiceAccountName,
+			HostNetwork:        pod.Spec.HostNetwork, // its IP is the node's: never an endpoint's by IP
 		},
 		Status: corev1.PodStatus{
 			PodIP:     pod.Status.PodIP,

@@ -37,6 +37,14 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"k of zero": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.CPUDistance = &adlbv1.CPUDistanceParameters{K: dec("0")}
 		}, "k must be in (0, 1]"},
+		"minWeight alone above the default maxWeight": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.MinWeight = ptr.To[int32](5000) },
+			"minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"},
+		"maxWeight alone below cpu-distance's default minWeight": {func(a *adlbv1.AdaptiveLoadBalancer) {
+			a.Spec.Algorithm, a.Spec.MaxWeight = adlbv1.AlgorithmCPUDistance, ptr.To[int32](50)
+		}, "maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"},
+		"minWeight alone above cpu-distance's default maxWeight": {func(a *adlbv1.AdaptiveLoadBalancer) {
+			a.Spec.Algorithm, a.Spec.MinWeight = adlbv1.AlgorithmCPUDistance, ptr.To[int32](700)
+		}, "minWeight exceeds the algorithm's default maxWeight"},
 		"missing target":      {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "" }, "spec.targetRef.name"},
 		"invalid target name": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "Web_Server" }, "spec.targetRef.name: Invalid value"},
 	}
@@ -71,5 +79,27 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 	s, err := EngineSettings(ok)
 	if err != nil || s.MinWeight != 5 || s.MaxWeight != 500 || s.Capacity.Gain != 0.25 {
 		t.Fatalf("engine settings %+v err %v", s, err)
+	}
+	// Every single bound admission accepts gives settings the engine accepts: none passes
+	// admission only to be skipped by the weight cycle.
+	for name, spec := range map[string]adlbv1.AdaptiveLoadBalancerSpec{
+		"minWeight 1000 alone":                {MinWeight: ptr.To[int32](1000)},
+		"maxWeight 10 alone":                  {MaxWeight: ptr.To[int32](10)},
+		"cpu-distance minWeight 600 alone":    {Algorithm: adlbv1.AlgorithmCPUDistance, MinWeight: ptr.To[int32](600)},
+		"cpu-distance maxWeight 100 alone":    {Algorithm: adlbv1.AlgorithmCPUDistance, MaxWeight: ptr.To[int32](100)},
+		"both bounds far from the defaults":   {MinWeight: ptr.To[int32](5000), MaxWeight: ptr.To[int32](90000)},
+		"cpu-distance with both bounds small": {Algorithm: adlbv1.AlgorithmCPUDistance, MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](50)},
+	} {
+		spec.TargetRef = adlbv1.TargetRef{Name: "web"}
+		a := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: f.ns}, Spec: spec}
+		if err := k8s.Create(f.ctx, a); err != nil {
+			t.Fatalf("%s: rejected at admission: %v", name, err)
+		}
+		if _, err := EngineSettings(a); err != nil {
+			t.Errorf("%s: admitted, but the engine refuses it: %v", name, err)
+		}
+		if err := k8s.Delete(f.ctx, a); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

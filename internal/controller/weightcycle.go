@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -26,6 +28,7 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
@@ -99,6 +102,8 @@ type WeightCycle struct {
 	// weight write based on the cache alone would conflict with the mirror's last write under
 	// endpoint churn. Nil: the cycle keeps its own.
 	Versions *ServiceEntryVersions
+	// Activity, if set, counts cycles under way; once it is closed none starts.
+	Activity *Activity
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -175,6 +180,10 @@ type CycleReport struct {
 
 // RunOnce runs one cycle now.
 func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
+	if !w.Activity.enter() {
+		return CycleReport{}, nil // this manager is being replaced
+	}
+	defer w.Activity.exit()
 	start := w.Clock.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -278,10 +287,14 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 	if err := w.Client.List(ctx, &list); err != nil {
 		return nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
 	}
+	w.forgetGone(list.Items)
 	var due []*dueTarget
 	for i := range list.Items {
 		alb := &list.Items[i]
 		key := client.ObjectKeyFromObject(alb)
+		if !alb.DeletionTimestamp.IsZero() {
+			continue // its ServiceEntry is being deleted; a weight write must not race that
+		}
 		interval := 30 * time.Second
 		if alb.Spec.Interval != nil {
 			interval = alb.Spec.Interval.Duration
@@ -317,21 +330,98 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		if alb.Status.LastWeightWrite != nil {
 			d.lastWrite = alb.Status.LastWeightWrite.Time
 		}
+		listed, err := w.slicePods(ctx, alb)
+		if err != nil {
+			return nil, err
+		}
 		for _, e := range se.Spec.Endpoints {
 			d.podOrder = append(d.podOrder, e.Address)
 			d.current[e.Address] = int(e.Weight)
-			var pods corev1.PodList
-			if err := w.Client.List(ctx, &pods, client.InNamespace(alb.Namespace), client.MatchingFields{indexPodIP: e.Address}); err != nil {
-				return nil, fmt.Errorf("find the pod of %s: %w", e.Address, err)
+			pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
+			if err != nil {
+				return nil, err
 			}
-			for j := range pods.Items {
-				d.pods[e.Address] = &pods.Items[j]
+			if pod != nil {
+				d.pods[e.Address] = pod
 			}
 		}
 		due = append(due, d)
 	}
 	sort.Slice(due, func(i, j int) bool { return due[i].key.String() < due[j].key.String() })
 	return due, nil
+}
+
+// slicePods maps each address of the Service's EndpointSlices to the pod the slice names for it.
+func (w *WeightCycle) slicePods(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (map[string]string, error) {
+	var list discoveryv1.EndpointSliceList
+	if err := w.Client.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexSliceService: alb.Spec.TargetRef.Name}); err != nil {
+		return nil, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	out := map[string]string{}
+	for _, s := range list.Items {
+		for _, ep := range s.Endpoints {
+			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			for _, addr := range ep.Addresses {
+				out[addr] = ep.TargetRef.Name
+			}
+		}
+	}
+	return out, nil
+}
+
+// podOf finds the pod behind an endpoint address: the one the Service's EndpointSlice names, as
+// long as it still has that address; otherwise the only pod with that IP. Host-network pods
+// share their node's IP and are never candidates (the IP index leaves them out), and an IP
+// that two pods claim (one reused before the other's status caught up) gives no pod rather
+// than a guess: without a pod the endpoint just has no metrics this cycle.
+func (w *WeightCycle) podOf(ctx context.Context, namespace, ip, listed string) (*corev1.Pod, error) {
+	if listed != "" {
+		pod := &corev1.Pod{}
+		err := w.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: listed}, pod)
+		if err == nil && !pod.Spec.HostNetwork && slices.Contains(podIPs(pod), ip) {
+			return pod, nil
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("get Pod %s/%s: %w", namespace, listed, err)
+		}
+	}
+	var pods corev1.PodList
+	if err := w.Client.List(ctx, &pods, client.InNamespace(namespace), client.MatchingFields{indexPodIP: ip}); err != nil {
+		return nil, fmt.Errorf("find the pod of %s: %w", ip, err)
+	}
+	if len(pods.Items) != 1 {
+		return nil, nil
+	}
+	return &pods.Items[0], nil
+}
+
+// forgetGone drops the cycle's state (hold timers, last run, status throttle) of every
+// AdaptiveLoadBalancer not in present or marked for deletion, so deleted ones cost no memory
+// and one re-created under the same name starts afresh. The cycle holds w.mu.
+func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
+	live := make(map[types.NamespacedName]bool, len(present))
+	for i := range present {
+		if present[i].DeletionTimestamp.IsZero() {
+			live[client.ObjectKeyFromObject(&present[i])] = true
+		}
+	}
+	for key := range w.states {
+		if !live[key] {
+			delete(w.states, key)
+		}
+	}
+	for key := range w.lastRun {
+		if !live[key] {
+			delete(w.lastRun, key)
+		}
+	}
+	for key := range w.lastStatusWrite {
+		if !live[key] {
+			delete(w.lastStatusWrite, key)
+		}
+	}
 }
 
 // fetchResult is one batched fetch, shared by every target with the same interval.
@@ -458,6 +548,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	if !changed {
 		return nil
 	}
+	istio.LimitWeightSum(se.Spec.Endpoints)
 	// Optimistic lock: a membership write may have landed since the read; then the mirror's
 	// version wins and the next cycle retries.
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
