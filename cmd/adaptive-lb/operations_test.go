@@ -425,6 +425,7 @@ func TestRun_ResumesAfterTheAPIServerWasDown(t *testing.T) {
 	stop, logs := c.start("a", true)
 	defer stop()
 	c.waitForEndpoints(3, logs)
+	leader := c.holder()
 
 	apiServer := c.env.ControlPlane.APIServer
 	if err := apiServer.Stop(); err != nil {
@@ -439,5 +440,10 @@ func TestRun_ResumesAfterTheAPIServerWasDown(t *testing.T) {
 	c.waitForEndpoints(2, logs)
 	if strings.Contains(logs.String(), "stopped") {
 		t.Fatalf("the operator process stopped instead of resuming:\n%s", logs)
+	}
+	// The rebuilt manager kept the process's leader identity, so it took its own lease back at
+	// once instead of waiting it out as a stranger.
+	if h := c.holder(); h != leader {
+		t.Fatalf("lease holder %q after the outage, was %q: the process changed its leader identity", h, leader)
 	}
 }
