@@ -43,7 +43,13 @@ const operatorNamespace = "adaptive-lb-system"
 // operator's ServiceAccount.
 func operatorEnv(t testing.TB, mutateRole func(*unstructured.Unstructured)) (client.Client, string, *envtest.Environment) {
 	t.Helper()
-	env, cfg := startAPIServer(t, ownCRDPath, istioCRDPath(t))
+	return operatorEnvWith(t, nil, mutateRole)
+}
+
+// operatorEnvWith is operatorEnv with extra kube-apiserver flags.
+func operatorEnvWith(t testing.TB, flags map[string]string, mutateRole func(*unstructured.Unstructured)) (client.Client, string, *envtest.Environment) {
+	t.Helper()
+	env, cfg := startAPIServerWith(t, flags, ownCRDPath, istioCRDPath(t))
 	scheme, err := operatorScheme()
 	if err != nil {
 		t.Fatal(err)

@@ -81,6 +81,9 @@ type AdaptiveLoadBalancerReconciler struct {
 
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers/status,verbs=get;update;patch
+// Setting blockOwnerDeletion on the ServiceEntry's owner reference needs update on the owner's
+// finalizers where OwnerReferencesPermissionEnforcement is on (OpenShift by default).
+// +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers/finalizers,verbs=update
 // +kubebuilder:rbac:groups=networking.istio.io,resources=serviceentries,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.istio.io,resources=destinationrules,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch

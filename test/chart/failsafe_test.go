@@ -1,0 +1,87 @@
+package chart
+
+import (
+	"os"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// configObjects reads the objects of one multi-document YAML file under config/.
+func configObjects(t *testing.T, path string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]*unstructured.Unstructured{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			break
+		}
+		if len(u.Object) > 0 {
+			out[u.GetKind()+"/"+u.GetName()] = u
+		}
+	}
+	return out
+}
+
+// The watchdog runs as its own ServiceAccount with the same narrow rights as config/rbac gives it,
+// and the uninstall hook deletes the ServiceEntries after the release's resources are gone.
+func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
+	objs := render(t)
+	config := configObjects(t, "../../config/rbac/failsafe.yaml")
+	for chartName, configName := range map[string]string{
+		"ClusterRole/lb-adaptive-lb-failsafe":  "ClusterRole/adaptive-lb-failsafe",
+		"Role/lb-adaptive-lb-failsafe-lease":   "Role/adaptive-lb-failsafe-lease",
+		"ClusterRole/lb-adaptive-lb-uninstall": "ClusterRole/adaptive-lb-failsafe",
+		"Role/lb-adaptive-lb-uninstall":        "Role/adaptive-lb-failsafe-lease",
+	} {
+		got, want := objs[chartName], config[configName]
+		if got == nil || want == nil {
+			t.Fatalf("%s or %s missing; chart has %v", chartName, configName, keys(objs))
+		}
+		if !reflect.DeepEqual(got.Object["rules"], want.Object["rules"]) {
+			t.Errorf("%s rules %v differ from config/rbac/failsafe.yaml's %v", chartName, got.Object["rules"], want.Object["rules"])
+		}
+	}
+	dep := objs["Deployment/lb-adaptive-lb-failsafe"]
+	if dep == nil {
+		t.Fatal("no watchdog Deployment")
+	}
+	sa, _, _ := unstructured.NestedString(dep.Object, "spec", "template", "spec", "serviceAccountName")
+	containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+	args := toStrings(containers[0].(map[string]any)["args"])
+	if sa != "lb-adaptive-lb-failsafe" || strings.Join(args, " ") != "failsafe --leader-election-namespace=adaptive-lb-system --stale-after=3m --check-interval=15s --log-level=info" {
+		t.Fatalf("watchdog runs as %q with %v", sa, args)
+	}
+	for _, k := range []string{"ServiceAccount/lb-adaptive-lb-uninstall", "ClusterRole/lb-adaptive-lb-uninstall", "ClusterRoleBinding/lb-adaptive-lb-uninstall", "Role/lb-adaptive-lb-uninstall", "RoleBinding/lb-adaptive-lb-uninstall", "Job/lb-adaptive-lb-uninstall"} {
+		o := objs[k]
+		if o == nil || o.GetAnnotations()["helm.sh/hook"] != "post-delete" {
+			t.Fatalf("%s is not a post-delete hook: %v", k, o)
+		}
+	}
+	if objs["ClusterRole/lb-adaptive-lb-metrics-reader"] == nil {
+		t.Fatal("no metrics-reader ClusterRole")
+	}
+
+	// Both can be turned off; the watchdog cannot run without the Lease it watches.
+	objs = render(t, "failsafe.enabled=false", "uninstallHook.enabled=false")
+	for k := range objs {
+		if strings.Contains(k, "failsafe") || strings.Contains(k, "uninstall") {
+			t.Errorf("%s rendered while turned off", k)
+		}
+	}
+	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	out, err := exec.Command(helm, "template", "lb", chartDir, "--kube-version", "1.36.3", "--set", "leaderElection.enabled=false").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "failsafe.enabled needs leaderElection.enabled") {
+		t.Errorf("watchdog without leader election: err %v, output %s", err, out)
+	}
+}
