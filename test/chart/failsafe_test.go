@@ -68,9 +68,6 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 			t.Fatalf("%s is not a post-delete hook: %v", k, o)
 		}
 	}
-	if objs["ClusterRole/lb-adaptive-lb-metrics-reader"] == nil {
-		t.Fatal("no metrics-reader ClusterRole")
-	}
 
 	// Both can be turned off; the watchdog cannot run without the Lease it watches.
 	objs = render(t, "failsafe.enabled=false", "uninstallHook.enabled=false")
