@@ -5,7 +5,7 @@ import (
 )
 
 // Mode says whether the operator writes weights.
-// +kubebuilder:validation:Enum=Active;DryRun
+// +kubebuilder:validation:Enum=Active;DryRun;Frozen
 type Mode string
 
 const (
@@ -14,6 +14,11 @@ const (
 	// ModeDryRun mirrors the endpoints with equal weights and only publishes the weights it would
 	// write, in status and metrics.
 	ModeDryRun Mode = "DryRun"
+	// ModeFrozen keeps mirroring the endpoints at the weights the ServiceEntry carries now and
+	// stops changing them: no metrics are fetched and no weight is written. A pod that joins
+	// gets the median weight of its instance type's pods, as in Active. Unlike DryRun, it does
+	// not reset the weights to equal. Setting Active again resumes the weight cycle.
+	ModeFrozen Mode = "Frozen"
 )
 
 // Algorithm names a weight algorithm.
@@ -45,7 +50,8 @@ type AdaptiveLoadBalancerSpec struct {
 	// +kubebuilder:validation:MaxItems=64
 	Ports []int32 `json:"ports,omitempty"`
 
-	// Mode is Active (write weights) or DryRun (compute and publish them only).
+	// Mode is Active (write weights), DryRun (equal weights in the ServiceEntry; compute and
+	// publish the adaptive ones only) or Frozen (keep the current weights, change none).
 	// +optional
 	// +kubebuilder:default=Active
 	Mode Mode `json:"mode,omitempty"`
@@ -223,7 +229,10 @@ type EndpointStatus struct {
 	// Reason explains the weight, e.g. "no metrics: median weight".
 	// +optional
 	Reason string `json:"reason,omitempty"`
-	// CPUCores and RequestRate are the signals the last weight cycle saw for this endpoint.
+	// CPUCores and RequestRate are the signals the weight cycle saw for this endpoint when it
+	// last wrote the status: they are refreshed whenever a weight, a reason or a condition
+	// changes, and otherwise at most every 5 minutes (to spare the API server); the live
+	// values are in the TSDB. Empty when the pod had no usable signal.
 	// +optional
 	CPUCores Decimal `json:"cpuCores,omitempty"`
 	// +optional

@@ -2,14 +2,18 @@ package v1alpha1
 
 // Condition types.
 const (
-	// ConditionReady summarises the others: True when the endpoints are mirrored and the weights
-	// are as intended.
+	// ConditionReady summarises the others: True when the endpoints are mirrored, the weights
+	// are written (or, in DryRun and Frozen, deliberately not) and no metrics fault is reported.
+	// Every status writer recomputes it from the other conditions it finds on the object.
 	ConditionReady = "Ready"
 	// ConditionEndpointsMirrored: the ServiceEntry lists exactly the Service's ready endpoints.
+	// Written by the endpoint mirror (the reconciler) only.
 	ConditionEndpointsMirrored = "EndpointsMirrored"
-	// ConditionMetricsAvailable: the last metrics fetch for this Service succeeded.
+	// ConditionMetricsAvailable: the last metrics fetch for this Service succeeded. Written by the
+	// weight cycle; the reconciler only adds an Unknown placeholder while the condition is absent.
 	ConditionMetricsAvailable = "MetricsAvailable"
-	// ConditionWeightsApplied: the ServiceEntry carries the weights the engine decided.
+	// ConditionWeightsApplied: the ServiceEntry carries the weights the engine decided. Written
+	// by the weight cycle; the reconciler only adds a placeholder while the condition is absent.
 	ConditionWeightsApplied = "WeightsApplied"
 )
 
@@ -49,4 +53,16 @@ const (
 	ReasonFallback = "FallbackToEqualWeights"
 	// ReasonDeferred: a weight write waits for the cluster-wide write budget.
 	ReasonDeferred = "Deferred"
+	// ReasonNoServiceEntry: there is no ServiceEntry to weight (see EndpointsMirrored).
+	ReasonNoServiceEntry = "NoServiceEntry"
+	// ReasonMetricsStale: the TSDB answered, but every pod's newest sample is older than twice
+	// the interval (VictoriaMetrics answers 30 s in the past by default: -search.latencyOffset).
+	ReasonMetricsStale = "MetricsStale"
+	// ReasonQueryFailed: a query failed for every pod of the Service; the weights still use the
+	// signals that work, if the algorithm has what it needs.
+	ReasonQueryFailed = "QueryFailed"
+	// ReasonPending: Ready before the endpoint mirror has reported.
+	ReasonPending = "Pending"
+	// ReasonFrozen: mode is Frozen; the weights in the ServiceEntry are kept as they are.
+	ReasonFrozen = "Frozen"
 )

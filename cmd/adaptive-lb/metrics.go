@@ -51,9 +51,9 @@ func addMetricsSourceFlags(fs *pflag.FlagSet, prefix string) *metricsSourceFlags
 	fs.StringVar(&f.bearerTokenFile, prefix+"bearer-token-file", "", "file holding a bearer token; re-read when it changes")
 	fs.StringVar(&f.basicAuthUser, prefix+"basic-auth-username", "", "basic auth username")
 	fs.StringVar(&f.passFile, prefix+"basic-auth-password-file", "", "file holding the basic auth password")
-	fs.StringVar(&f.tlsCA, prefix+"tls-ca-file", "", "CA bundle to verify the TSDB's certificate")
-	fs.StringVar(&f.tlsCert, prefix+"tls-cert-file", "", "client certificate for mutual TLS")
-	fs.StringVar(&f.tlsKey, prefix+"tls-key-file", "", "client key for mutual TLS")
+	fs.StringVar(&f.tlsCA, prefix+"tls-ca-file", "", "CA bundle to verify the TSDB's certificate; re-read when it changes")
+	fs.StringVar(&f.tlsCert, prefix+"tls-cert-file", "", "client certificate for mutual TLS; re-read when it changes")
+	fs.StringVar(&f.tlsKey, prefix+"tls-key-file", "", "client key for mutual TLS; re-read when it changes")
 	fs.StringVar(&f.tlsServerName, prefix+"tls-server-name", "", "server name to verify instead of the URL's host")
 	fs.BoolVar(&f.tlsInsecureSkipVerify, prefix+"tls-insecure-skip-verify", false, "do not verify the TSDB's certificate (testing only)")
 	fs.StringArrayVar(&f.headers, prefix+"header", nil, "extra request header NAME=VALUE, repeatable, e.g. X-Scope-OrgID=team-a")
@@ -179,6 +179,7 @@ func runMetricsCheck(ctx context.Context, o *metricsCheckOptions, now time.Time,
 	}
 	printQueries(out, batch.Queries, now, o)
 	printPods(out, batch.Observations, now)
+	printFreshness(out, batch.Observations, now, o.interval)
 
 	if fetchErr != nil && !allNoData(batch.Queries) {
 		return summarizeFailures(o.cfg.URL+o.cfg.PathPrefix, batch.Queries)
@@ -278,6 +279,48 @@ func printPods(out io.Writer, observations []metrics.Observation, now time.Time)
 	_ = tw.Flush()
 	if len(problems) > 0 {
 		fmt.Fprintf(out, "\nProblems (the operator treats these signals as missing):\n%s\n", strings.Join(problems, "\n"))
+	}
+}
+
+// printFreshness says how old the youngest sample is against the operator's limit, and what to
+// change when the TSDB answers too far in the past for the interval.
+func printFreshness(out io.Writer, observations []metrics.Observation, now time.Time, interval time.Duration) {
+	youngest := time.Duration(-1)
+	pods, stale := 0, 0
+	for _, obs := range observations {
+		present, fresh := false, false
+		for _, signal := range []metrics.Signal{metrics.SignalCPU, metrics.SignalRequestRate} {
+			s := obs.Sample(signal)
+			if !s.Present || s.Timestamp.IsZero() {
+				continue
+			}
+			present = true
+			fresh = fresh || s.Fresh
+			if age := now.Sub(s.Timestamp); youngest < 0 || age < youngest {
+				youngest = age
+			}
+		}
+		if present {
+			pods++
+			if !fresh {
+				stale++
+			}
+		}
+	}
+	if youngest < 0 {
+		return
+	}
+	limit := 2 * interval
+	fmt.Fprintf(out, "\nFreshness: the youngest sample is %s old; at --interval %s the operator accepts samples up to %s old (2× interval).\n",
+		youngest.Round(time.Second), interval, limit)
+	if stale == pods {
+		fmt.Fprintf(out, `Every pod is stale: the operator would hold, then reset, the weights. A TSDB that answers in the
+past makes every sample look old: VictoriaMetrics evaluates a query for the last 30 s as of 30 s
+ago (-search.latencyOffset, default 30s). Keep 2 × interval above that offset plus the scrape
+interval: set -search.latencyOffset=5s on victoria-metrics (single-node) or vmselect (cluster),
+or raise spec.interval. The default interval, 30s, allows %s: enough for the 30s offset with a
+scrape interval below 30s.
+`, 2*30*time.Second)
 	}
 }
 

@@ -13,7 +13,9 @@ import (
 // arithmetic): api-1 0.75 cores, 100 rps, 2 err/s, p99 95 ms; web-1 last scraped 60 s ago (the last 15 s step before now-50s).
 func loadCheckFleet(t *testing.T, vm *vmtest.Server) time.Time {
 	t.Helper()
-	now := time.Now().Truncate(time.Second)
+	// An hour back: VictoriaMetrics with its default -search.latencyOffset answers queries for
+	// the last 30 s as of 30 s ago; the checks evaluate at this time with --at.
+	now := time.Now().Add(-time.Hour).Truncate(time.Second)
 	from, step := now.Add(-5*time.Minute), 15*time.Second
 	var b strings.Builder
 	add := func(labels string, rate float64, end time.Time) {
@@ -67,22 +69,42 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 		}
 	})
 
+	t.Run("a stock VictoriaMetrics at a short interval: every pod stale, and what to set", func(t *testing.T) {
+		// Fresh samples up to the wall clock, checked now: VictoriaMetrics answers 30 s back.
+		live := time.Now().Truncate(time.Second)
+		vm.ImportText(t, vmtest.Counter(`container_cpu_usage_seconds_total{namespace="live",pod="api-1",container="app"}`, 0.5, live.Add(-5*time.Minute), live, 5*time.Second)+
+			vmtest.Counter(`istio_requests_total{reporter="destination",namespace="live",pod="api-1",response_code="200"}`, 100, live.Add(-5*time.Minute), live, 5*time.Second))
+		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live", "--interval", "5s")
+		if code != exitOK {
+			t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
+		}
+		for _, want := range []string{"accepts samples up to 10s old", "Every pod is stale", "-search.latencyOffset", "default interval, 30s, allows 1m0s"} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("output lacks %q:\n%s", want, stdout)
+			}
+		}
+		code, stdout, _ = runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live")
+		if code != exitOK || strings.Contains(stdout, "Every pod is stale") || !strings.Contains(stdout, "accepts samples up to 1m0s old") {
+			t.Errorf("at the default 30s interval the pod is fresh; exit %d:\n%s", code, stdout)
+		}
+	})
+
 	t.Run("--namespace narrows the queries", func(t *testing.T) {
-		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m")
+		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "shop", "--window", "2m", "--at", at)
 		if code != exitOK || strings.Contains(stdout, "web-1") || !strings.Contains(stdout, `namespace=~"shop"`) {
 			t.Errorf("exit %d:\n%s", code, stdout)
 		}
 	})
 
 	t.Run("a namespace without series exits 1 with a clear message", func(t *testing.T) {
-		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "nothing-here")
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "nothing-here", "--at", at)
 		if code != exitFailure || !strings.Contains(stderr, "returned no pod series for namespace(s) nothing-here") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}
 	})
 
 	t.Run("a rejected query exits 1 and names the problem", func(t *testing.T) {
-		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--query-cpu", "sum(")
+		code, _, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--query-cpu", "sum(", "--at", at)
 		if code != exitFailure || !strings.Contains(stderr, "HTTP 422") || !strings.Contains(stderr, "fix the query template") {
 			t.Errorf("exit %d, stderr %s", code, stderr)
 		}

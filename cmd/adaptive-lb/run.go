@@ -338,7 +338,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
 	} else {
 		loop := &controller.WeightCycle{
-			Client: mgr.GetClient(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
 			Versions: versions, Activity: activity,

@@ -545,64 +545,87 @@ func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
 	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)
 }
 
-// writeStatus computes the conditions and endpoint list and writes status once, only if it
-// changed. A change of the endpoint list alone is written at most once per
-// statusEndpointInterval; it then returns how long to wait before the deferred write.
+// writeStatus computes the mirror's part of the status (see status.go for who owns what) and
+// writes it once, only if it changed, under an optimistic lock. A change of the endpoint list
+// alone is written at most once per statusEndpointInterval; it then returns how long to wait
+// before the deferred write.
 func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) (time.Duration, error) {
 	now := metav1.NewTime(r.Clock.Now())
-	status := alb.Status.DeepCopy()
-	gen := alb.Generation
-	status.ObservedGeneration = gen
-	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen})
-	if meta.FindStatusCondition(status.Conditions, adlbv1.ConditionMetricsAvailable) == nil {
-		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionUnknown, Reason: adlbv1.ReasonAwaitingMetrics, Message: "no weight cycle has fetched metrics for this Service yet", ObservedGeneration: gen})
-	}
-	if c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); c == nil || c.ObservedGeneration != gen {
-		wc := metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonEqualWeights, Message: "endpoints carry equal weights until a weight cycle runs", ObservedGeneration: gen}
-		if alb.Spec.Mode == adlbv1.ModeDryRun {
-			wc = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDryRun, Message: "mode is DryRun: weights are computed and published, never written", ObservedGeneration: gen}
-		}
-		if c != nil && c.Reason != adlbv1.ReasonEqualWeights && c.Reason != adlbv1.ReasonDryRun && alb.Spec.Mode != adlbv1.ModeDryRun {
-			wc = *c
-			wc.ObservedGeneration = gen
-		}
-		meta.SetStatusCondition(&status.Conditions, wc)
-	}
-	ready := metav1.Condition{Type: adlbv1.ConditionReady, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen}
-	meta.SetStatusCondition(&status.Conditions, ready)
-	if !o.keepEndpoints {
-		if alb.Spec.Mode != adlbv1.ModeDryRun {
-			ws, pods := map[string]int{}, map[string]string{}
-			for _, e := range o.endpoints {
-				ws[e.IP], pods[e.IP] = int(e.Weight), e.Pod
-			}
-			r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
-		}
-		status.ServiceEntry = o.serviceEntry
-		status.EndpointCount = int32(len(o.endpoints))
-		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun)
-	}
-	if apiequality.Semantic.DeepEqual(&alb.Status, status) {
-		return 0, nil
-	}
 	key := client.ObjectKeyFromObject(alb)
-	if endpointsOnly(&alb.Status, status) {
-		if last, ok := r.lastStatusWrite.Load(key); ok {
-			if wait := statusEndpointInterval - r.Clock.Since(last.(time.Time)); wait > 0 {
-				return wait, nil
+	var wait time.Duration
+	first := true
+	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		status := alb.Status.DeepCopy()
+		gen := alb.Generation
+		status.ObservedGeneration = gen
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen})
+		// MetricsAvailable and WeightsApplied belong to the weight cycle: only placeholders
+		// while they are absent, so that a new object shows every condition at once.
+		if meta.FindStatusCondition(status.Conditions, adlbv1.ConditionMetricsAvailable) == nil {
+			meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionUnknown, Reason: adlbv1.ReasonAwaitingMetrics, Message: "no weight cycle has fetched metrics for this Service yet", ObservedGeneration: gen})
+		}
+		// The mirror decides whether a ServiceEntry exists, so it alone says NoServiceEntry,
+		// and replaces that (or an absent condition) by the equal-weights placeholder once the
+		// ServiceEntry is written. Every other WeightsApplied value comes from the weight cycle.
+		switch c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); {
+		case o.status != metav1.ConditionTrue && o.reason != adlbv1.ReasonWriteFailed:
+			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, false))
+		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry):
+			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, true))
+		}
+		if !o.keepEndpoints {
+			if alb.Spec.Mode != adlbv1.ModeDryRun {
+				ws, pods := map[string]int{}, map[string]string{}
+				for _, e := range o.endpoints {
+					ws[e.IP], pods[e.IP] = int(e.Weight), e.Pod
+				}
+				r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+			}
+			status.ServiceEntry = o.serviceEntry
+			status.EndpointCount = int32(len(o.endpoints))
+			status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun)
+		}
+		meta.SetStatusCondition(&status.Conditions, readyCondition(status.Conditions, gen))
+		if apiequality.Semantic.DeepEqual(&alb.Status, status) {
+			return false
+		}
+		// The throttle applies to the decision taken on the cached object; a retry after a
+		// conflict completes a write already decided.
+		if first && endpointsOnly(&alb.Status, status) {
+			if last, ok := r.lastStatusWrite.Load(key); ok {
+				if wait = statusEndpointInterval - r.Clock.Since(last.(time.Time)); wait > 0 {
+					return false
+				}
 			}
 		}
+		first = false
+		wait = 0
+		alb.Status = *status
+		return true
 	}
-	patchBase := alb.DeepCopy()
-	alb.Status = *status
-	if err := r.Status().Patch(ctx, alb, client.MergeFrom(patchBase)); err != nil {
-		if apierrors.IsNotFound(err) {
-			return 0, nil
-		}
-		return 0, fmt.Errorf("update status of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+	wrote, err := updateStatus(ctx, r.Client, r.apiReader, alb, mutate)
+	if err != nil {
+		return 0, err
 	}
-	r.lastStatusWrite.Store(key, r.Clock.Now())
-	return 0, nil
+	if wrote {
+		r.lastStatusWrite.Store(key, r.Clock.Now())
+	}
+	return max(wait, 0), nil
+}
+
+// placeholderWeightsCondition is WeightsApplied before the weight cycle has reported: equal
+// weights when a ServiceEntry exists, NoServiceEntry when there is none to weight.
+func placeholderWeightsCondition(alb *adlbv1.AdaptiveLoadBalancer, haveServiceEntry bool) metav1.Condition {
+	gen := alb.Generation
+	switch {
+	case !haveServiceEntry:
+		return metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonNoServiceEntry, Message: "no ServiceEntry to weight; see EndpointsMirrored", ObservedGeneration: gen}
+	case alb.Spec.Mode == adlbv1.ModeDryRun:
+		return metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDryRun, Message: "mode is DryRun: weights are computed and published, never written", ObservedGeneration: gen}
+	case alb.Spec.Mode == adlbv1.ModeFrozen:
+		return metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: the weights in the ServiceEntry are kept as they are", ObservedGeneration: gen}
+	}
+	return metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonEqualWeights, Message: "endpoints carry equal weights until a weight cycle runs", ObservedGeneration: gen}
 }
 
 // endpointsOnly reports whether two statuses differ only in the mirrored endpoint list.

@@ -280,16 +280,17 @@ func TestServiceEntrySize_EtcdRefusesAboveTheLimit(t *testing.T) {
 
 func TestWeightCycle_ForgetsDeletedAdaptiveLoadBalancers(t *testing.T) {
 	kept, gone, going := types.NamespacedName{Namespace: "a", Name: "kept"}, types.NamespacedName{Namespace: "a", Name: "gone"}, types.NamespacedName{Namespace: "a", Name: "going"}
-	w := &WeightCycle{states: map[types.NamespacedName]cycle.State{}, lastRun: map[types.NamespacedName]time.Time{}, lastStatusWrite: map[types.NamespacedName]time.Time{}}
+	w := &WeightCycle{states: map[types.NamespacedName]cycle.State{}, lastRun: map[types.NamespacedName]time.Time{}, lastStatusWrite: map[types.NamespacedName]time.Time{},
+		known: map[types.NamespacedName]map[string]bool{}}
 	for _, k := range []types.NamespacedName{kept, gone, going} {
-		w.states[k], w.lastRun[k], w.lastStatusWrite[k] = cycle.State{}, time.Now(), time.Now()
+		w.states[k], w.lastRun[k], w.lastStatusWrite[k], w.known[k] = cycle.State{}, time.Now(), time.Now(), map[string]bool{"10.0.0.1": true}
 	}
 	now := metav1.Now()
 	w.forgetGone([]adlbv1.AdaptiveLoadBalancer{
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "kept"}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "going", DeletionTimestamp: &now}},
 	})
-	for name, m := range map[string]int{"states": len(w.states), "lastRun": len(w.lastRun), "lastStatusWrite": len(w.lastStatusWrite)} {
+	for name, m := range map[string]int{"states": len(w.states), "lastRun": len(w.lastRun), "lastStatusWrite": len(w.lastStatusWrite), "known": len(w.known)} {
 		if m != 1 {
 			t.Errorf("%s holds %d entries, want only the live one", name, m)
 		}
@@ -319,7 +320,7 @@ func TestWeightCycle_FindsThePodTheSliceNamesForAnIP(t *testing.T) {
 	w := &WeightCycle{Client: operatorClient, Tick: 5 * time.Second}
 	key := types.NamespacedName{Namespace: f.ns, Name: "web"}
 	f.eventually("pods found by the cycle", func() error {
-		due, err := w.dueTargets(f.ctx, time.Now())
+		due, _, err := w.dueTargets(f.ctx, time.Now())
 		if err != nil {
 			return err
 		}

@@ -230,15 +230,19 @@ func TestMirror_ConditionsInsteadOfCrashes(t *testing.T) {
 	if !strings.Contains(c.Message, "Service "+f.ns+"/late not found") {
 		t.Fatalf("message %q", c.Message)
 	}
+	// No ServiceEntry, so no weights: not "EqualWeights" (issue 15, "What the user sees").
+	f.waitForCondition("late", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
 	f.service("late")
 	f.pod("late", "late-1", "10.6.0.1")
 	f.slice("late", "late-x", ready("late-1", "10.6.0.1"))
 	f.waitForAddresses("late", "10.6.0.1")
 	f.waitForCondition("late", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	f.waitForCondition("late", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonEqualWeights)
 	if err := k8s.Delete(f.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: f.ns}}); err != nil {
 		t.Fatal(err)
 	}
 	f.waitForCondition("late", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonTargetNotFound)
+	f.waitForCondition("late", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
 	f.eventually("ServiceEntry of a deleted Service removed", func() error {
 		if _, err := f.serviceEntry("late"); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (err %v)", err)
@@ -261,6 +265,7 @@ func TestMirror_ConditionsInsteadOfCrashes(t *testing.T) {
 		f.service(name, mutate)
 		f.alb(name, name)
 		f.waitForCondition(name, adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonUnsupported)
+		f.waitForCondition(name, adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
 		if _, err := f.serviceEntry(name); !apierrors.IsNotFound(err) {
 			t.Fatalf("%s: a ServiceEntry was created for an unsupported Service (err %v)", name, err)
 		}
@@ -295,6 +300,7 @@ func TestMirror_ConditionsInsteadOfCrashes(t *testing.T) {
 	f.service("ports")
 	f.alb("ports", "ports", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Ports = []int32{443} })
 	f.waitForCondition("ports", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonNoPorts)
+	f.waitForCondition("ports", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
 }
 
 func TestMirror_DeletingTheAdaptiveLoadBalancerLeavesItToGarbageCollection(t *testing.T) {

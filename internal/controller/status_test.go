@@ -1,11 +1,14 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
@@ -75,5 +78,99 @@ func TestWeightCycle_StatusSignalsAreThrottled(t *testing.T) {
 	}
 	if w.skipStatusWrite(key, status("0.7", 120), status("0.8", 120), t0.Add(2*time.Minute+statusSignalsInterval)) {
 		t.Error("signals were not refreshed after the interval")
+	}
+}
+
+// Issue 13.5: the reconciler and the weight cycle each write only their own conditions, under
+// an optimistic lock. A reconciler working from a cached copy older than the cycle's last
+// write must not put the old MetricsAvailable back, nor drop the reason of the weight the cycle
+// wrote; Ready summarises what is there.
+func TestStatus_AStaleWriterDoesNotOverwriteTheOtherOwnersConditions(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.41.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.41.0.1"))
+	f.alb("web", "web")
+	f.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics)
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	stale := &adlbv1.AdaptiveLoadBalancer{}
+	if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, stale); err != nil {
+		t.Fatal(err)
+	}
+
+	// The weight cycle reports an outage meanwhile, and has written a weight with its reason.
+	cycleView := stale.DeepCopy()
+	if _, err := updateStatus(f.ctx, k8s, k8s, cycleView, func(a *adlbv1.AdaptiveLoadBalancer) bool {
+		meta.SetStatusCondition(&a.Status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse,
+			Reason: adlbv1.ReasonMetricsFailed, Message: "TSDB unreachable", ObservedGeneration: a.Generation})
+		a.Status.Endpoints[0].Weight, a.Status.Endpoints[0].Reason = 250, "share from estimated capacity"
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reconciler, still holding the older copy, reports a new mirror outcome: the
+	// ServiceEntry now carries the cycle's weight.
+	r := &AdaptiveLoadBalancerReconciler{Client: k8s, apiReader: k8s, Clock: clock.RealClock{}, Metrics: testMetrics}
+	if _, err := r.writeStatus(f.ctx, stale, mirrorOutcome{status: metav1.ConditionTrue, reason: adlbv1.ReasonMirrored,
+		message:      "ServiceEntry web mirrors the ready endpoints of Service web (refreshed)",
+		serviceEntry: "web", endpoints: []istio.Endpoint{{Pod: "web-1", IP: "10.41.0.1", Zone: "eu-west-1a", Weight: 250}}}); err != nil {
+		t.Fatal(err)
+	}
+	got := &adlbv1.AdaptiveLoadBalancer{}
+	if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, got); err != nil {
+		t.Fatal(err)
+	}
+	m := meta.FindStatusCondition(got.Status.Conditions, adlbv1.ConditionMetricsAvailable)
+	if m == nil || m.Reason != adlbv1.ReasonMetricsFailed {
+		t.Fatalf("the reconciler's stale write replaced the weight cycle's MetricsAvailable: %+v", m)
+	}
+	if c := meta.FindStatusCondition(got.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || !strings.Contains(c.Message, "refreshed") {
+		t.Fatalf("the reconciler's own condition was not written: %+v", c)
+	}
+	if c := meta.FindStatusCondition(got.Status.Conditions, adlbv1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse || c.Reason != adlbv1.ReasonMetricsFailed {
+		t.Fatalf("Ready should summarise the failing MetricsAvailable: %+v", c)
+	}
+	// Issue 15 ("per-endpoint reason empty after a weight write"): the refresh keeps the
+	// cycle's reason for the weight it wrote.
+	if e := got.Status.Endpoints; len(e) != 1 || e[0].Weight != 250 || e[0].Reason != "share from estimated capacity" {
+		t.Fatalf("the reconciler's refresh dropped the weight cycle's reason: %+v", e)
+	}
+}
+
+func TestReadyCondition_SummarisesTheOthers(t *testing.T) {
+	cond := func(typ string, status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: reason + " message"}
+	}
+	mirrored := cond(adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	cases := map[string]struct {
+		conds      []metav1.Condition
+		wantStatus metav1.ConditionStatus
+		wantReason string
+	}{
+		"nothing reported yet is Unknown": {nil, metav1.ConditionUnknown, adlbv1.ReasonPending},
+		"mirrored, weights applied and metrics fine is True": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied),
+			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionTrue, adlbv1.ReasonMetricsOK)}, metav1.ConditionTrue, adlbv1.ReasonMirrored},
+		"a mirror failure wins": {[]metav1.Condition{cond(adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonUnsupported),
+			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsFailed)}, metav1.ConditionFalse, adlbv1.ReasonUnsupported},
+		"a failed weight write is not Ready": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)}, metav1.ConditionFalse, adlbv1.ReasonWriteFailed},
+		"DryRun is deliberate, not a fault": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonDryRun)}, metav1.ConditionTrue, adlbv1.ReasonMirrored},
+		"stale metrics are not Ready": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied),
+			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsStale)}, metav1.ConditionFalse, adlbv1.ReasonMetricsStale},
+		"metrics not fetched yet is still Ready": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics)}, metav1.ConditionTrue, adlbv1.ReasonMirrored},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := readyCondition(tc.conds, 3)
+			if got.Status != tc.wantStatus || got.Reason != tc.wantReason || got.ObservedGeneration != 3 || got.Message == "" {
+				t.Errorf("Ready = %s/%s (%q, generation %d), want %s/%s", got.Status, got.Reason, got.Message, got.ObservedGeneration, tc.wantStatus, tc.wantReason)
+			}
+		})
 	}
 }

@@ -84,12 +84,14 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 // due AdaptiveLoadBalancer in one batch, runs the weight engine, and writes the changed weights
 // as one burst within the budget. Membership stays with the mirror and never waits for it.
 type WeightCycle struct {
-	Client   client.Client
-	Source   metrics.Source
-	Recorder record.EventRecorder
-	Clock    clock.WithTicker
-	Metrics  *Metrics
-	Cycle    *CycleMetrics
+	Client client.Client
+	// APIReader reads the API server directly, after a status write conflict; nil: Client.
+	APIReader client.Reader
+	Source    metrics.Source
+	Recorder  record.EventRecorder
+	Clock     clock.WithTicker
+	Metrics   *Metrics
+	Cycle     *CycleMetrics
 	// Tick is the global cycle; an AdaptiveLoadBalancer's interval is rounded up to a multiple.
 	Tick time.Duration
 	// Budget bounds the weight writes per cycle across the cluster; 0 is unlimited.
@@ -109,6 +111,9 @@ type WeightCycle struct {
 	states    map[types.NamespacedName]cycle.State
 	lastRun   map[types.NamespacedName]time.Time
 	debouncer *pushmodel.Debouncer
+	// known holds, per AdaptiveLoadBalancer, the pods whose weight came from their own metrics:
+	// while their metrics are missing they keep their last weight.
+	known map[types.NamespacedName]map[string]bool
 	// lastStatusWrite is when each AdaptiveLoadBalancer's status was last written by the cycle.
 	lastStatusWrite map[types.NamespacedName]time.Time
 }
@@ -154,6 +159,7 @@ func (w *WeightCycle) NeedLeaderElection() bool { return true }
 // Start runs the loop until ctx ends (a manager.Runnable).
 func (w *WeightCycle) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("weight-cycle")
+	ctx = log.IntoContext(ctx, logger)
 	ticker := w.Clock.NewTicker(w.Tick)
 	defer ticker.Stop()
 	for {
@@ -189,14 +195,18 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	defer w.mu.Unlock()
 	if w.states == nil {
 		w.states, w.lastRun = map[types.NamespacedName]cycle.State{}, map[types.NamespacedName]time.Time{}
+		w.known = map[types.NamespacedName]map[string]bool{}
 		w.debouncer = pushmodel.NewDebouncer(w.Debounce)
 	}
-	logger := log.FromContext(ctx).WithName("weight-cycle")
+	logger := log.FromContext(ctx)
 	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}}
 
-	due, err := w.dueTargets(ctx, start)
+	due, idle, err := w.dueTargets(ctx, start)
 	if err != nil {
 		return report, err
+	}
+	for _, t := range idle {
+		w.writeIdleStatus(ctx, t)
 	}
 	report.Due = len(due)
 	if len(due) == 0 {
@@ -205,12 +215,18 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	var targets []cycle.Target
 	for _, d := range due {
-		d.observed = d.target(start, batches[d.interval], max(1, w.HoldIntervals))
+		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key])
 		targets = append(targets, d.observed)
 	}
 	prev := map[string]cycle.State{}
 	for _, d := range due {
-		prev[d.key.String()] = w.states[d.key]
+		st, ok := w.states[d.key]
+		if !ok {
+			// A new leader, or the first cycle: continue the previous leader's hold period
+			// from what its status says, instead of resetting the weights at the first failure.
+			st = seedState(d.alb, start, d.interval)
+		}
+		prev[d.key.String()] = st
 	}
 	outcomes, next := cycle.Plan(start, targets, prev, w.Budget)
 
@@ -218,27 +234,38 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	// debounce window, then the operator is quiet until the next cycle.
 	deferred := 0
 	for i, d := range due {
-		o := outcomes[i]
-		report.Outcomes[d.key] = o
+		o := &outcomes[i]
 		w.states[d.key] = next[d.key.String()]
 		if o.Action != cycle.ActionDeferred {
 			w.lastRun[d.key] = start
 		} else {
 			deferred++
 		}
-		if o.Action != cycle.ActionWrite {
-			continue
+		if o.Action == cycle.ActionWrite {
+			if err := w.writeWeights(ctx, d, o.Decision); err != nil {
+				// Nothing was applied: the status must say so and keep the weights and the
+				// lastWeightWrite the ServiceEntry really has.
+				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
+				d.writeErr = err
+			} else {
+				// Push estimates need when the writes really reached the API server, not the cycle's clock.
+				at := time.Now()
+				report.Writes = append(report.Writes, at)
+				report.Written = append(report.Written, d.key)
+				report.Pushes += len(w.debouncer.Observe(at))
+			}
 		}
-		if err := w.writeWeights(ctx, d, o.Decision); err != nil {
-			logger.Error(err, "weight write failed", "adaptiveLoadBalancer", d.key)
-			w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
-			continue
+		if d.health.complete > 0 {
+			if w.known[d.key] == nil {
+				w.known[d.key] = map[string]bool{}
+			}
+			for _, e := range d.observed.Endpoints {
+				if e.HasMetrics {
+					w.known[d.key][e.ID] = true
+				}
+			}
 		}
-		// Push estimates need when the writes really reached the API server, not the cycle's clock.
-		at := time.Now()
-		report.Writes = append(report.Writes, at)
-		report.Written = append(report.Written, d.key)
-		report.Pushes += len(w.debouncer.Observe(at))
+		report.Outcomes[d.key] = *o
 	}
 	for i, d := range due {
 		if err := w.writeStatus(ctx, d, outcomes[i], start); err != nil {
@@ -257,6 +284,28 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	return report, nil
 }
 
+// seedState rebuilds the planner's state from an AdaptiveLoadBalancer's status, for a target
+// this process has not planned yet. Metrics that were good when the previous leader last wrote
+// the status are taken as good until now (the hold period then starts at the first failure); a
+// hold in progress continues from when it began; a fallback stays a fallback.
+func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Duration) cycle.State {
+	var st cycle.State
+	if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionWeightsApplied); c != nil && c.Reason == adlbv1.ReasonFallback {
+		st.FallenBack = true
+		return st
+	}
+	m := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable)
+	switch {
+	case m == nil:
+	case m.Status == metav1.ConditionTrue:
+		st.LastGoodMetrics = now
+	case m.Reason == adlbv1.ReasonMetricsFailed || m.Reason == adlbv1.ReasonMetricsStale:
+		// The condition turned False at the first failed cycle, one interval after the last good one.
+		st.LastGoodMetrics = m.LastTransitionTime.Add(-interval)
+	}
+	return st
+}
+
 func (w *WeightCycle) debounceAfter() time.Duration {
 	if w.Debounce.DebounceAfter > 0 {
 		return w.Debounce.DebounceAfter
@@ -271,24 +320,38 @@ type dueTarget struct {
 	se        *networkingv1.ServiceEntry
 	settings  weights.Settings
 	interval  time.Duration
+	queries   metrics.QueryTemplates
 	pods      map[string]*corev1.Pod // by IP
 	podOrder  []string               // IPs in ServiceEntry order
 	current   map[string]int         // weight by IP
+	peerGroup map[string]string      // instance type by IP
 	lastWrite time.Time
-	// observed is what the engine was given this cycle, for the status.
+	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
+	health   metricsHealth
+	// writeErr is the failure of this cycle's weight write.
+	writeErr error
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
 	// new endpoints up over it, so their early signals do not show their capacity.
 	warmup time.Duration
 }
 
-func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarget, error) {
+// idleTarget is an AdaptiveLoadBalancer the cycle does not weight because its mode is Frozen;
+// the cycle still owns its WeightsApplied condition.
+type idleTarget struct {
+	alb       *adlbv1.AdaptiveLoadBalancer
+	condition metav1.Condition
+}
+
+func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarget, []idleTarget, error) {
 	var list adlbv1.AdaptiveLoadBalancerList
 	if err := w.Client.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
+		return nil, nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
 	}
 	w.forgetGone(list.Items)
 	var due []*dueTarget
+	var idle []idleTarget
+	nodeTypes := map[string]string{}
 	for i := range list.Items {
 		alb := &list.Items[i]
 		key := client.ObjectKeyFromObject(alb)
@@ -305,8 +368,16 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		if last, ok := w.lastRun[key]; ok && now.Sub(last) < interval && st.DeferredSince.IsZero() {
 			continue
 		}
-		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || c.Status != metav1.ConditionTrue {
+		c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored)
+		if c == nil || c.Status != metav1.ConditionTrue {
 			continue // nothing mirrored yet, or a condition the mirror reports
+		}
+		if alb.Spec.Mode == adlbv1.ModeFrozen {
+			idle = append(idle, idleTarget{alb: alb, condition: metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue,
+				Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: the weights in the ServiceEntry are kept as they are", ObservedGeneration: alb.Generation}})
+			// A later switch back to Active starts a new hold history.
+			delete(w.states, key)
+			continue
 		}
 		settings, err := EngineSettings(alb)
 		if err != nil {
@@ -315,40 +386,74 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		se := &networkingv1.ServiceEntry{}
 		if err := w.Client.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se); err != nil {
 			if apierrors.IsNotFound(err) {
-				continue
+				continue // the mirror has just deleted it, or is about to create it
 			}
-			return nil, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+			return nil, nil, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 		}
 		if !metav1.IsControlledBy(se, alb) {
 			continue
 		}
 		warmup, err := w.warmupOf(ctx, alb)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{}, current: map[string]int{}, warmup: warmup}
+		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
+			current: map[string]int{}, peerGroup: map[string]string{}, warmup: warmup}
+		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
+			d.queries = metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+		}
 		if alb.Status.LastWeightWrite != nil {
 			d.lastWrite = alb.Status.LastWeightWrite.Time
 		}
 		listed, err := w.slicePods(ctx, alb)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, e := range se.Spec.Endpoints {
 			d.podOrder = append(d.podOrder, e.Address)
 			d.current[e.Address] = int(e.Weight)
 			pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if pod != nil {
 				d.pods[e.Address] = pod
+				if t, err := w.instanceType(ctx, pod.Spec.NodeName, nodeTypes); err != nil {
+					return nil, nil, err
+				} else if t != "" {
+					d.peerGroup[e.Address] = t
+				}
 			}
 		}
 		due = append(due, d)
 	}
 	sort.Slice(due, func(i, j int) bool { return due[i].key.String() < due[j].key.String() })
-	return due, nil
+	return due, idle, nil
+}
+
+// instanceType returns the instance-type label of a node (from the metadata cache), memoised
+// for the cycle in seen.
+func (w *WeightCycle) instanceType(ctx context.Context, nodeName string, seen map[string]string) (string, error) {
+	if nodeName == "" {
+		return "", nil
+	}
+	if t, ok := seen[nodeName]; ok {
+		return t, nil
+	}
+	node := &metav1.PartialObjectMetadata{}
+	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+	if err := w.Client.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil && !apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("get Node %s: %w", nodeName, err)
+	}
+	seen[nodeName] = node.Labels[InstanceTypeLabel]
+	return seen[nodeName], nil
+}
+
+// observationKey identifies one fetched observation: the same pod under two Services with
+// different queries is observed twice, once per set of queries.
+type observationKey struct {
+	queries metrics.QueryTemplates
+	pod     types.NamespacedName
 }
 
 // slicePods maps each address of the Service's EndpointSlices to the pod the slice names for it.
@@ -422,36 +527,49 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 			delete(w.lastStatusWrite, key)
 		}
 	}
+	for key := range w.known {
+		if !live[key] {
+			delete(w.known, key)
+		}
+	}
 }
 
 // fetchResult is one batched fetch, shared by every target with the same interval.
 type fetchResult struct {
-	byPod map[types.NamespacedName]metrics.Observation
-	err   error
+	observations map[observationKey]metrics.Observation
+	err          error
 }
 
 // fetch sends one batched request per distinct interval (normally one): its queries cover every
 // due Service's pods, whatever their number.
 func (w *WeightCycle) fetch(ctx context.Context, now time.Time, due []*dueTarget) map[time.Duration]fetchResult {
 	byInterval := map[time.Duration][]metrics.Pod{}
+	requested := map[time.Duration]map[observationKey]bool{}
 	for _, d := range due {
-		var q metrics.QueryTemplates
-		if m := d.alb.Spec.Metrics; m != nil && m.Queries != nil {
-			q = metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+		if requested[d.interval] == nil {
+			requested[d.interval] = map[observationKey]bool{}
 		}
 		for _, ip := range d.podOrder {
-			if pod, ok := d.pods[ip]; ok {
-				byInterval[d.interval] = append(byInterval[d.interval], metrics.Pod{Namespace: pod.Namespace, Name: pod.Name, IP: ip, CPULimitCores: cpuLimit(pod), Queries: q})
+			pod, ok := d.pods[ip]
+			if !ok {
+				continue
 			}
+			k := observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}
+			if requested[d.interval][k] {
+				continue
+			}
+			requested[d.interval][k] = true
+			byInterval[d.interval] = append(byInterval[d.interval], metrics.Pod{Namespace: pod.Namespace, Name: pod.Name, IP: ip, CPULimitCores: cpuLimit(pod), Queries: d.queries})
 		}
 	}
 	out := map[time.Duration]fetchResult{}
 	for interval, pods := range byInterval {
-		res := fetchResult{byPod: map[types.NamespacedName]metrics.Observation{}}
+		res := fetchResult{observations: map[observationKey]metrics.Observation{}}
 		batch, err := w.Source.Fetch(ctx, metrics.Request{Pods: pods, Now: now, Window: 2 * interval, Interval: interval})
 		res.err = err
+		// The source returns one observation per request entry, each under the entry's queries.
 		for _, o := range batch.Observations {
-			res.byPod[types.NamespacedName{Namespace: o.Namespace, Name: o.Name}] = o
+			res.observations[observationKey{queries: o.Queries, pod: types.NamespacedName{Namespace: o.Namespace, Name: o.Name}}] = o
 		}
 		out[interval] = res
 	}
@@ -480,15 +598,48 @@ func cpuLimit(pod *corev1.Pod) float64 {
 	return total
 }
 
-// target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A whole-batch
-// failure (no pod has any signal) is a metrics outage for the hold/fallback policy; a pod
-// without fresh CPU and request rate just has no metrics.
-func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int) cycle.Target {
+// metricsHealth sums up one target's metrics for its condition, its log lines and its events.
+type metricsHealth struct {
+	pods int
+	// complete counts the pods with every signal the algorithm needs, usable (present, finite
+	// and fresh). None at all is a metrics outage.
+	complete int
+	// stale counts the pods whose needed signals are all present, some of them too old; age
+	// is the youngest of their stale samples' ages and threshold the limit.
+	stale          int
+	age, threshold time.Duration
+	// failed lists the signals whose query failed for every pod (not a per-pod fault such as
+	// no series, NaN or a stale sample), and failure one of those errors.
+	failed  []metrics.Signal
+	failure error
+	// detail is every distinct error seen, for the log and the event; never in a condition.
+	detail []string
+}
+
+// neededSignals are the signals the weight engine cannot do without: the CPU cost per request
+// needs both. Error rate and latency only refine it.
+var neededSignals = []metrics.Signal{metrics.SignalCPU, metrics.SignalRequestRate}
+
+// queryFailure reports whether a sample's error is the failure of its whole query rather than
+// a fault of one pod's data.
+func queryFailure(err error) bool {
+	// No series at all is not a failure of the query: a Service without latency histograms
+	// has no p99, and a missing needed signal is an outage anyway.
+	return err != nil && !errors.Is(err, metrics.ErrNoData) && !errors.Is(err, metrics.ErrStale) &&
+		!errors.Is(err, metrics.ErrNonFinite) && !errors.Is(err, metrics.ErrDuplicateSeries)
+}
+
+// target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A metrics
+// outage, for the hold/fallback policy, is "no pod has every signal the algorithm needs": one
+// missing signal (only the Istio series, or only CPU) is as much an outage as a TSDB down.
+func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool) (cycle.Target, metricsHealth) {
 	t := cycle.Target{
-		Key:      d.key.String(),
-		Settings: d.settings,
-		HoldTime: time.Duration(holdIntervals) * d.interval,
-		DryRun:   d.alb.Spec.Mode == adlbv1.ModeDryRun,
+		Key:        d.key.String(),
+		Settings:   d.settings,
+		HoldTime:   time.Duration(holdIntervals) * d.interval,
+		DryRun:     d.alb.Spec.Mode == adlbv1.ModeDryRun,
+		PeerGroups: d.peerGroup,
+		Known:      known,
 	}
 	window := 2 * d.interval
 	t.WindowSeconds = window.Seconds()
@@ -496,32 +647,124 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int) cy
 	if !d.lastWrite.IsZero() {
 		t.WindowCoverage = math.Min(1, now.Sub(d.lastWrite).Seconds()/window.Seconds())
 	}
-	usable := 0
+	h := metricsHealth{threshold: 2 * d.interval}
+	seen := map[string]bool{}
+	note := func(err error) {
+		if err == nil {
+			return
+		}
+		if msg := err.Error(); !seen[msg] && len(h.detail) < 20 {
+			seen[msg] = true
+			h.detail = append(h.detail, msg)
+		}
+	}
+	signalOK := map[metrics.Signal]bool{}
+	var signalErr map[metrics.Signal]error
 	for _, ip := range d.podOrder {
 		ep := weights.Endpoint{ID: ip, CurrentWeight: d.current[ip]}
-		if pod, ok := d.pods[ip]; ok {
-			ep.CPULimitCores = cpuLimit(pod)
-			warming := d.warmup > 0 && pod.Status.StartTime != nil && now.Sub(pod.Status.StartTime.Time) < d.warmup
-			if o, ok := res.byPod[types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}]; ok {
-				ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
-				ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
-				// A pod still in its DestinationRule warm-up keeps the median weight: Envoy is
-				// ramping its traffic up, so its signals say nothing about its capacity yet.
-				ep.HasMetrics = o.CPUCores.Usable() && o.RequestRate.Usable() && !warming
-				if o.CPUCores.Present || o.RequestRate.Present {
-					usable++
+		pod, ok := d.pods[ip]
+		if !ok {
+			t.Endpoints = append(t.Endpoints, ep)
+			continue
+		}
+		h.pods++
+		ep.CPULimitCores = cpuLimit(pod)
+		warming := d.warmup > 0 && pod.Status.StartTime != nil && now.Sub(pod.Status.StartTime.Time) < d.warmup
+		o, found := res.observations[observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}]
+		if !found {
+			// The whole fetch failed (an invalid request, a freshness template that does not render).
+			failure := res.err
+			if failure == nil {
+				failure = errors.New("the metrics source returned nothing for this pod")
+			}
+			o = metrics.Observation{CPUCores: metrics.Sample{Err: failure}, RequestRate: metrics.Sample{Err: failure}, ErrorRate: metrics.Sample{Err: failure}, LatencyP99Seconds: metrics.Sample{Err: failure}}
+		}
+		for _, sig := range metrics.Signals {
+			sample := o.Sample(sig)
+			note(sample.Err)
+			if !queryFailure(sample.Err) {
+				signalOK[sig] = true
+			} else if signalErr == nil || signalErr[sig] == nil {
+				if signalErr == nil {
+					signalErr = map[metrics.Signal]error{}
 				}
+				signalErr[sig] = sample.Err
 			}
 		}
+		ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
+		ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
+		complete, stale := true, false
+		for _, sig := range neededSignals {
+			sample := o.Sample(sig)
+			if sample.Usable() {
+				continue
+			}
+			complete = false
+			var se *metrics.StaleError
+			if sample.Present && errors.As(sample.Err, &se) {
+				stale = true
+				if !se.Unknown && (h.age == 0 || se.Age < h.age) {
+					h.age = se.Age
+				}
+			} else {
+				stale = false
+				break
+			}
+		}
+		if complete {
+			h.complete++
+		} else if stale {
+			h.stale++
+		}
+		// A pod still in its DestinationRule warm-up keeps its weight: Envoy is ramping its
+		// traffic up, so its signals say nothing about its capacity yet.
+		ep.HasMetrics = complete && !warming
 		t.Endpoints = append(t.Endpoints, ep)
 	}
-	if usable == 0 && len(d.podOrder) > 0 {
-		t.MetricsErr = res.err
-		if t.MetricsErr == nil {
-			t.MetricsErr = errors.New("the metrics source returned no sample for any pod of this Service")
+	for _, sig := range metrics.Signals {
+		if h.pods > 0 && !signalOK[sig] {
+			h.failed = append(h.failed, sig)
+			if h.failure == nil {
+				h.failure = signalErr[sig]
+			}
 		}
 	}
-	return t
+	if h.complete == 0 && h.pods > 0 {
+		t.MetricsErr = errors.New(h.outageSummary(d.settings.Algorithm))
+	}
+	return t, h
+}
+
+// outageSummary says in one short line why no pod has usable metrics; the full errors go to
+// the log and an event.
+func (h metricsHealth) outageSummary(alg weights.Algorithm) string {
+	needed := fmt.Sprintf("no pod has every signal the %s algorithm needs (%s)", alg, signalList(neededSignals))
+	switch {
+	case h.stale == h.pods:
+		return fmt.Sprintf("%s: every pod's newest sample is too old (%s, limit %s = 2× interval); %s", needed, h.age.Round(time.Second), h.threshold, staleHint)
+	case len(h.failed) > 0:
+		return fmt.Sprintf("%s: %s query failed: %s", needed, signalList(h.failed), shorten(h.failure.Error(), 160))
+	}
+	return needed + ": " + shorten(strings.Join(h.detail, "; "), 200)
+}
+
+// staleHint says what to change when samples arrive too old.
+const staleHint = "the TSDB may answer in the past (VictoriaMetrics: -search.latencyOffset, default 30s): lower it or raise spec.interval; see docs/metrics.md"
+
+func signalList(sigs []metrics.Signal) string {
+	names := make([]string, len(sigs))
+	for i, s := range sigs {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ", ")
+}
+
+// shorten keeps a condition message bounded: the details belong in events and logs.
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // writeWeights patches only the weights of the ServiceEntry's current endpoints; an endpoint the
@@ -562,34 +805,93 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	return nil
 }
 
-// writeStatus publishes the cycle's outcome: conditions, per-endpoint weights and reasons, events.
+// conditions turns one target's cycle into its MetricsAvailable and WeightsApplied conditions.
+// Messages stay short (a few hundred bytes): the full errors go to events and the log.
+func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weightsCond metav1.Condition) {
+	h := d.health
+	metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonMetricsOK, Message: "metrics fetched for this Service's pods", ObservedGeneration: gen}
+	switch {
+	case h.pods > 0 && h.complete == 0:
+		reason := adlbv1.ReasonMetricsFailed
+		if h.stale == h.pods {
+			reason = adlbv1.ReasonMetricsStale
+		}
+		metricsCond.Status, metricsCond.Reason, metricsCond.Message = metav1.ConditionFalse, reason, h.outageSummary(d.settings.Algorithm)
+	case len(h.failed) > 0:
+		metricsCond.Status, metricsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonQueryFailed
+		metricsCond.Message = fmt.Sprintf("%s query failed for every pod: %s; the weights use the signals that work", signalList(h.failed), shorten(h.failure.Error(), 200))
+	case h.complete < h.pods:
+		metricsCond.Message = fmt.Sprintf("metrics fetched; %d of %d pods without usable metrics keep their weight", h.pods-h.complete, h.pods)
+		if h.stale > 0 {
+			metricsCond.Message += fmt.Sprintf(" (%d stale: newest sample %s old, limit %s; %s)", h.stale, h.age.Round(time.Second), h.threshold, staleHint)
+		}
+	}
+	weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: o.Reason, ObservedGeneration: gen}
+	switch {
+	case d.writeErr != nil:
+		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonWriteFailed
+		weightsCond.Message = "the weight write failed; the ServiceEntry keeps its weights and the next cycle retries: " + shorten(d.writeErr.Error(), 200)
+	case o.Err != nil:
+		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonWriteFailed, shorten(o.Err.Error(), 300)
+	case o.Fallback:
+		weightsCond.Reason = adlbv1.ReasonFallback
+	case o.Action == cycle.ActionHold:
+		weightsCond.Message = fmt.Sprintf("last weights held while metrics are unavailable (for up to %s)", d.observed.HoldTime)
+	case o.Action == cycle.ActionDryRun:
+		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonDryRun, "mode is DryRun: "+o.Reason+" (not written)"
+	case o.Action == cycle.ActionDeferred:
+		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
+	}
+	weightsCond.Message = shorten(weightsCond.Message, 600)
+	return metricsCond, weightsCond
+}
+
+// writeStatus publishes the cycle's outcome: conditions, per-endpoint weights and reasons,
+// events and log lines. It writes only the weight cycle's part of the status, under an
+// optimistic lock (status.go).
 func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Outcome, now time.Time) error {
 	alb := &adlbv1.AdaptiveLoadBalancer{}
 	if err := w.Client.Get(ctx, d.key, alb); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	base := alb.DeepCopy()
-	gen := alb.Generation
-	metricsCond := metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonMetricsOK, Message: "metrics fetched for this Service's pods", ObservedGeneration: gen}
-	var weightsCond metav1.Condition
-	switch {
-	case o.Err != nil:
-		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonWriteFailed, Message: o.Err.Error(), ObservedGeneration: gen}
-	case o.Fallback:
-		metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonMetricsFailed, Message: o.Reason, ObservedGeneration: gen}
-		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonFallback, Message: o.Reason, ObservedGeneration: gen}
-	case o.Action == cycle.ActionHold:
-		metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonMetricsFailed, Message: o.Reason, ObservedGeneration: gen}
-		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: "last weights held while metrics are unavailable", ObservedGeneration: gen}
-	case o.Action == cycle.ActionDryRun:
-		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDryRun, Message: "mode is DryRun: " + o.Reason + " (not written)", ObservedGeneration: gen}
-	case o.Action == cycle.ActionDeferred:
-		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonDeferred, Message: o.Reason, ObservedGeneration: gen}
-	default:
-		weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: o.Reason, ObservedGeneration: gen}
+	applied := d.writeErr == nil && o.Action == cycle.ActionWrite
+	if applied || (o.Action == cycle.ActionDryRun && d.writeErr == nil) {
+		ws, pods := map[string]int{}, map[string]string{}
+		for _, r := range o.Decision.Endpoints {
+			ws[r.ID] = r.Weight
+			if p, ok := d.pods[r.ID]; ok {
+				pods[r.ID] = p.Name
+			}
+		}
+		w.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
 	}
-	meta.SetStatusCondition(&alb.Status.Conditions, metricsCond)
-	meta.SetStatusCondition(&alb.Status.Conditions, weightsCond)
+	var oldMetrics, metricsCond, weightsCond metav1.Condition
+	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		before := alb.Status.DeepCopy()
+		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable); c != nil {
+			oldMetrics = *c
+		}
+		metricsCond, weightsCond = d.conditions(o, alb.Generation)
+		meta.SetStatusCondition(&alb.Status.Conditions, metricsCond)
+		meta.SetStatusCondition(&alb.Status.Conditions, weightsCond)
+		if d.writeErr == nil {
+			d.setEndpoints(&alb.Status, o, now)
+		}
+		if applied {
+			t := metav1.NewTime(now)
+			alb.Status.LastWeightWrite = &t
+		}
+		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
+		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
+	}
+	_, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate)
+	w.tell(ctx, alb, d, o, oldMetrics, metricsCond)
+	return err
+}
+
+// setEndpoints writes the cycle's part of each endpoint's status: its reason and signals, and
+// its weight when it was written (or, in DryRun, would be).
+func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cycle.Outcome, now time.Time) {
 	reasons := map[string]weights.Result{}
 	for _, r := range o.Decision.Endpoints {
 		reasons[r.ID] = r
@@ -601,8 +903,8 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		}
 	}
 	nowT := metav1.NewTime(now)
-	for i := range alb.Status.Endpoints {
-		e := &alb.Status.Endpoints[i]
+	for i := range status.Endpoints {
+		e := &status.Endpoints[i]
 		r, ok := reasons[e.IP]
 		if !ok {
 			continue
@@ -613,41 +915,67 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 			e.CPUCores = adlbv1.Decimal(strconv.FormatFloat(sig.CPUCores, 'f', 3, 64))
 			e.RequestRate = adlbv1.Decimal(strconv.FormatFloat(sig.RequestRate, 'f', 1, 64))
 		}
-		if o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun {
-			if int32(r.Weight) != e.Weight {
-				e.Weight = int32(r.Weight)
-				e.LastChange = &nowT
-			}
+		if (o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun) && int32(r.Weight) != e.Weight {
+			e.Weight = int32(r.Weight)
+			e.LastChange = &nowT
 		}
 	}
-	if o.Action == cycle.ActionWrite {
-		alb.Status.LastWeightWrite = &nowT
+}
+
+// tell logs each decision of the cycle once, at info level with the object's key, and records
+// the events: a weight write, a write failure, the start of an outage or of stale metrics, a
+// failing query, the fallback to equal weights and the recovery. Errors in full go here, not
+// into the conditions.
+func (w *WeightCycle) tell(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, d *dueTarget, o cycle.Outcome, oldMetrics, metricsCond metav1.Condition) {
+	logger := log.FromContext(ctx).WithValues("adaptiveLoadBalancer", d.key)
+	details := strings.Join(d.health.detail, "; ")
+	switch {
+	case d.writeErr != nil:
+		logger.Error(d.writeErr, "weight write failed; the ServiceEntry keeps its weights and the next cycle retries")
+		w.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonWriteFailed, shorten("weight write failed: "+d.writeErr.Error(), 1000))
+	case o.Action == cycle.ActionWrite:
+		logger.Info("weights written", "reason", o.Reason, "endpoints", len(o.Decision.Endpoints), "largestChangeFactor", strconv.FormatFloat(math.Exp(o.Need), 'f', 2, 64), "fallback", o.Fallback)
 	}
-	if o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun {
-		ws, pods := map[string]int{}, map[string]string{}
-		for _, r := range o.Decision.Endpoints {
-			ws[r.ID] = r.Weight
-			if p, ok := d.pods[r.ID]; ok {
-				pods[r.ID] = p.Name
+	if metricsCond.Reason != oldMetrics.Reason {
+		switch metricsCond.Reason {
+		case adlbv1.ReasonMetricsOK:
+			if oldMetrics.Status == metav1.ConditionFalse {
+				logger.Info("metrics recovered", "previously", oldMetrics.Reason)
 			}
+		case adlbv1.ReasonMetricsStale:
+			logger.Info("metrics stale: no pod has a recent enough sample; weights held, then reset to equal after the hold time", "newestSampleAge", d.health.age.String(), "limit", d.health.threshold.String(), "hint", staleHint)
+			w.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonMetricsStale, shorten(metricsCond.Message, 1000))
+		case adlbv1.ReasonMetricsFailed:
+			logger.Info("metrics outage: no pod has every signal the algorithm needs; weights held, then reset to equal after the hold time", "holdTime", d.observed.HoldTime.String(), "errors", details)
+			w.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonMetricsFailed, shorten(metricsCond.Message+". Errors: "+details, 1000))
+		case adlbv1.ReasonQueryFailed:
+			logger.Info("a query fails for every pod; the weights use the signals that work", "signals", signalList(d.health.failed), "errors", details)
+			w.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonQueryFailed, shorten(metricsCond.Message+". Errors: "+details, 1000))
 		}
-		w.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
-	}
-	if w.skipStatusWrite(d.key, &base.Status, &alb.Status, now) {
-		return nil
-	}
-	if err := w.Client.Status().Patch(ctx, alb, client.MergeFrom(base)); err != nil {
-		return client.IgnoreNotFound(err)
 	}
 	switch {
-	case o.FallbackStarted:
-		w.Recorder.Event(alb, corev1.EventTypeWarning, EventFallback, o.Reason)
+	case o.FallbackStarted && d.writeErr == nil:
+		logger.Info("metrics unavailable for longer than the hold time: weights reset to equal", "holdTime", d.observed.HoldTime.String())
+		w.Recorder.Event(alb, corev1.EventTypeWarning, EventFallback, shorten(o.Reason, 1000))
 	case o.Recovered:
 		w.Recorder.Event(alb, corev1.EventTypeNormal, EventMetricsRecovered, "metrics are back; adaptive weights resume")
-	case o.Action == cycle.ActionWrite && o.Need >= largeShift:
+	case o.Action == cycle.ActionWrite && d.writeErr == nil && o.Need >= largeShift:
 		w.Recorder.Eventf(alb, corev1.EventTypeNormal, EventWeightsShifted, "an endpoint's weight moved by a factor of %.1f: %s", math.Exp(o.Need), o.Reason)
 	}
-	return nil
+}
+
+// writeIdleStatus sets the WeightsApplied condition of a Frozen AdaptiveLoadBalancer; it writes
+// only when the condition changes.
+func (w *WeightCycle) writeIdleStatus(ctx context.Context, t idleTarget) {
+	alb := t.alb.DeepCopy()
+	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		c := t.condition
+		c.ObservedGeneration = alb.Generation
+		return meta.SetStatusCondition(&alb.Status.Conditions, c)
+	}
+	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
+		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", client.ObjectKeyFromObject(alb))
+	}
 }
 
 // warmupOf returns the warm-up (slow start) duration a DestinationRule in the Service's namespace

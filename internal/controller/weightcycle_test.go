@@ -57,20 +57,36 @@ type loopFixture struct {
 	loadedTo           time.Time
 	cpuTotal, reqTotal []float64
 	pending            strings.Builder
+	// omitCPU and omitRequests stop a pod's CPU or Istio series (by index into ips), as a
+	// broken scrape would.
+	omitCPU, omitRequests map[int]bool
+	// appCores, when set, adds an app_cpu_seconds_total series per pod (another Service's
+	// query override reads it).
+	appCores []float64
+	appTotal []float64
 }
 
 const loopInterval = 5 * time.Second
 
-func newLoopFixture(t *testing.T, mode adlbv1.Mode) *loopFixture {
+// newLoopFixture builds the fixture; podOpts, if given, returns the options of pod i (0-based).
+func newLoopFixture(t *testing.T, mode adlbv1.Mode, podOpts ...func(i int) []func(*corev1.Pod)) *loopFixture {
 	requireVM(t)
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
-	lf := &loopFixture{fixture: f, vm: vmtest.Start(t), clock: clocktesting.NewFakeClock(time.Now().Truncate(time.Second)), events: record.NewFakeRecorder(100)}
+	// The cycle's clock runs an hour behind the wall clock: VictoriaMetrics, started with its
+	// defaults, answers a query for the last 30 s (-search.latencyOffset) as of 30 s ago, so
+	// samples imported for "now" would look stale. TestWeightCycle_ReportsStaleMetrics covers that.
+	lf := &loopFixture{fixture: f, vm: vmtest.Start(t), clock: clocktesting.NewFakeClock(time.Now().Add(-time.Hour).Truncate(time.Second)),
+		events: record.NewFakeRecorder(1000), omitCPU: map[int]bool{}, omitRequests: map[int]bool{}}
 	f.service("web")
 	var eps []sliceEndpoint
 	for i := 1; i <= 6; i++ {
 		name, ip := fmt.Sprintf("web-%d", i), fmt.Sprintf("10.20.0.%d", i)
-		f.pod("web", name, ip, withCPULimit("2"))
+		opts := []func(*corev1.Pod){withCPULimit("2")}
+		for _, po := range podOpts {
+			opts = append(opts, po(i-1)...)
+		}
+		f.pod("web", name, ip, opts...)
 		eps = append(eps, ready(name, ip))
 		lf.ips = append(lf.ips, ip)
 	}
@@ -89,7 +105,7 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode) *loopFixture {
 		t.Fatal(err)
 	}
 	lf.loop = &WeightCycle{
-		Client: operatorClient, Source: src, Recorder: lf.events, Clock: lf.clock,
+		Client: operatorClient, APIReader: k8s, Source: src, Recorder: lf.events, Clock: lf.clock,
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
 		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions,
 	}
@@ -104,13 +120,16 @@ func (lf *loopFixture) load(cores, rps []float64) {
 	now := lf.clock.Now()
 	if lf.loadedTo.IsZero() {
 		lf.loadedTo = now.Add(-time.Minute)
-		lf.cpuTotal, lf.reqTotal = make([]float64, len(lf.ips)), make([]float64, len(lf.ips))
+		lf.cpuTotal, lf.reqTotal, lf.appTotal = make([]float64, len(lf.ips)), make([]float64, len(lf.ips)), make([]float64, len(lf.ips))
 		lf.writeSamples(lf.loadedTo)
 	}
 	for ts := lf.loadedTo.Add(time.Second); !ts.After(now); ts = ts.Add(time.Second) {
 		for i := range lf.ips {
 			lf.cpuTotal[i] += cores[i]
 			lf.reqTotal[i] += rps[i]
+			if lf.appCores != nil {
+				lf.appTotal[i] += lf.appCores[i]
+			}
 		}
 		lf.writeSamples(ts)
 	}
@@ -122,8 +141,15 @@ func (lf *loopFixture) load(cores, rps []float64) {
 func (lf *loopFixture) writeSamples(ts time.Time) {
 	for i := range lf.ips {
 		pod := fmt.Sprintf("web-%d", i+1)
-		fmt.Fprintf(&lf.pending, "container_cpu_usage_seconds_total{namespace=%q,pod=%q,container=\"app\"} %g %d\n", lf.ns, pod, lf.cpuTotal[i], ts.UnixMilli())
-		fmt.Fprintf(&lf.pending, "istio_requests_total{reporter=\"destination\",namespace=%q,pod=%q,response_code=\"200\"} %g %d\n", lf.ns, pod, lf.reqTotal[i], ts.UnixMilli())
+		if !lf.omitCPU[i] {
+			fmt.Fprintf(&lf.pending, "container_cpu_usage_seconds_total{namespace=%q,pod=%q,container=\"app\"} %g %d\n", lf.ns, pod, lf.cpuTotal[i], ts.UnixMilli())
+		}
+		if !lf.omitRequests[i] {
+			fmt.Fprintf(&lf.pending, "istio_requests_total{reporter=\"destination\",namespace=%q,pod=%q,response_code=\"200\"} %g %d\n", lf.ns, pod, lf.reqTotal[i], ts.UnixMilli())
+		}
+		if lf.appCores != nil {
+			fmt.Fprintf(&lf.pending, "app_cpu_seconds_total{namespace=%q,pod=%q} %g %d\n", lf.ns, pod, lf.appTotal[i], ts.UnixMilli())
+		}
 	}
 }
 
@@ -389,7 +415,7 @@ func TestWeightCycle_BudgetBurstAndCarryOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loop := &WeightCycle{Client: operatorClient, Source: src, Recorder: record.NewFakeRecorder(1000), Clock: clk, Versions: sharedVersions,
+	loop := &WeightCycle{Client: operatorClient, APIReader: k8s, Source: src, Recorder: record.NewFakeRecorder(1000), Clock: clk, Versions: sharedVersions,
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()), Tick: loopInterval, Budget: budget,
 		HoldIntervals: 5, Debounce: pushmodel.DefaultConfig()}
 
@@ -466,6 +492,27 @@ func TestWeightCycle_RespectsTheDestinationRuleWarmup(t *testing.T) {
 	dr.Spec.TrafficPolicy = &apinetworkingv1.TrafficPolicy{LoadBalancer: &apinetworkingv1.LoadBalancerSettings{
 		Warmup: &apinetworkingv1.WarmupConfiguration{Duration: durationpb.New(5 * time.Minute)}}}
 	lf.create(dr)
+	// The pods start now on the cycle's clock (which runs behind the wall clock).
+	for i := range lf.ips {
+		pod := &corev1.Pod{}
+		if err := k8s.Get(lf.ctx, types.NamespacedName{Namespace: lf.ns, Name: fmt.Sprintf("web-%d", i+1)}, pod); err != nil {
+			t.Fatal(err)
+		}
+		pod.Status.StartTime = &metav1.Time{Time: lf.clock.Now()}
+		if err := k8s.Status().Update(lf.ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lf.eventually("the operator's cache sees the start times", func() error {
+		pod := &corev1.Pod{}
+		if err := operatorClient.Get(lf.ctx, types.NamespacedName{Namespace: lf.ns, Name: "web-6"}, pod); err != nil {
+			return err
+		}
+		if !pod.Status.StartTime.Time.Equal(lf.clock.Now()) {
+			return errNotYet
+		}
+		return nil
+	})
 	lf.load(skewedCores, equalRPS)
 	// Every pod started moments ago: Envoy is still ramping them up, so their signals are not
 	// trusted and the weights stay equal.

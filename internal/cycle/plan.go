@@ -9,6 +9,7 @@ package cycle
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -47,6 +48,11 @@ type Target struct {
 	WindowCoverage float64
 	// WindowSeconds is the length of the metrics window (0: unknown).
 	WindowSeconds float64
+	// PeerGroups names each endpoint's peer group (the instance type of its node), by endpoint
+	// ID; "" or absent is no group. See keepWithoutMetrics.
+	PeerGroups map[string]string
+	// Known marks the endpoints whose weight came from their own metrics in an earlier cycle.
+	Known map[string]bool
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -119,6 +125,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds}, t.Settings) {
 			return out, st
 		}
+		keepWithoutMetrics(&out.Decision, t)
 		out.Recovered = st.FallenBack
 		out.Reason = out.Decision.Reason
 		st.LastGoodMetrics = now
@@ -148,6 +155,80 @@ func decideWith(out *Outcome, in weights.Input, s weights.Settings) bool {
 	}
 	out.Decision = d
 	return true
+}
+
+// Reasons for endpoints without usable metrics (see keepWithoutMetrics).
+const (
+	ReasonNoMetricsKept     = "no usable metrics: last weight kept"
+	ReasonNoMetricsPeers    = "no usable metrics: median weight of its instance type"
+	ReasonNoMetricsNoPeers  = "no usable metrics and no peer of its instance type: weight kept"
+	ReasonTooFewWeightsKept = "fewer than two endpoints with usable metrics: weights kept"
+)
+
+// keepWithoutMetrics decides the weights of the endpoints without usable metrics, instead of
+// the engine's median of all endpoints: that median overloads a pod on a slow machine whose
+// signals went missing (a NaN, a scrape gap) or that just joined. The rule is the mirror's:
+//   - a known endpoint (its weight came from its own metrics before) keeps its current weight;
+//   - a new one gets the median decided weight of the endpoints with metrics in its peer group
+//     (the same instance type serves at the same speed);
+//   - without such peers it keeps the weight it has, which the mirror gave it by the same rule.
+//
+// When fewer than two endpoints have metrics the engine falls back to equal weights; here every
+// endpoint keeps its weight instead, as no new information justifies a change.
+func keepWithoutMetrics(d *weights.Decision, t Target) {
+	if len(d.Endpoints) != len(t.Endpoints) {
+		return
+	}
+	withMetrics := 0
+	for _, e := range t.Endpoints {
+		if e.HasMetrics {
+			withMetrics++
+		}
+	}
+	if withMetrics == len(t.Endpoints) {
+		return
+	}
+	clampWeight := func(w int) int { return min(max(w, t.Settings.MinWeight, 1), t.Settings.MaxWeight) }
+	if withMetrics < 2 {
+		for i, e := range t.Endpoints {
+			if e.CurrentWeight > 0 {
+				d.Endpoints[i].Weight, d.Endpoints[i].Reason = clampWeight(e.CurrentWeight), ReasonTooFewWeightsKept
+			}
+		}
+		d.Reason = ReasonTooFewWeightsKept
+	} else {
+		peers := map[string][]int{}
+		for i, e := range t.Endpoints {
+			if g := t.PeerGroups[e.ID]; e.HasMetrics && g != "" {
+				peers[g] = append(peers[g], d.Endpoints[i].Weight)
+			}
+		}
+		for i, e := range t.Endpoints {
+			if e.HasMetrics {
+				continue
+			}
+			switch g := t.PeerGroups[e.ID]; {
+			case t.Known[e.ID] && e.CurrentWeight > 0:
+				d.Endpoints[i].Weight, d.Endpoints[i].Reason = clampWeight(e.CurrentWeight), ReasonNoMetricsKept
+			case g != "" && len(peers[g]) > 0:
+				d.Endpoints[i].Weight, d.Endpoints[i].Reason = clampWeight(medianInt(peers[g])), ReasonNoMetricsPeers
+			case e.CurrentWeight > 0:
+				d.Endpoints[i].Weight, d.Endpoints[i].Reason = clampWeight(e.CurrentWeight), ReasonNoMetricsNoPeers
+			}
+		}
+	}
+	d.Changed = false
+	for i, e := range t.Endpoints {
+		if d.Endpoints[i].Weight != e.CurrentWeight {
+			d.Changed = true
+		}
+	}
+}
+
+func medianInt(xs []int) int {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // keep returns a decision that leaves every weight as it is.

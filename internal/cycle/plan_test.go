@@ -229,3 +229,52 @@ func TestPlan_CarriedOverWritesGoBeforeNewOnes(t *testing.T) {
 		t.Fatalf("deferral reason %q does not explain the budget", outs[1].Reason)
 	}
 }
+
+// Issue 15.2: an endpoint without usable metrics gets neither the engine's median of all
+// endpoints nor equal weights: a known one keeps its weight, a new one takes the median of its
+// instance type's endpoints with metrics, and without such peers keeps what the mirror gave it.
+func TestPlan_EndpointsWithoutMetricsFollowThePeerRule(t *testing.T) {
+	fast := func(id string, w int) weights.Endpoint {
+		return weights.Endpoint{ID: id, CPUCores: 0.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: w}
+	}
+	slow := func(id string, w int) weights.Endpoint {
+		return weights.Endpoint{ID: id, CPUCores: 1.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: w}
+	}
+	missing := func(id string, w int) weights.Endpoint {
+		return weights.Endpoint{ID: id, CPULimitCores: 2, CurrentWeight: w}
+	}
+	groups := map[string]string{"f1": "fast", "f2": "fast", "f3": "fast", "s1": "slow", "s2": "slow", "s-new": "slow"}
+
+	t.Run("a known slow endpoint keeps its last weight", func(t *testing.T) {
+		tg := target("ns/svc", []weights.Endpoint{fast("f1", 100), fast("f2", 100), fast("f3", 100), slow("s1", 30), missing("s2", 30)})
+		tg.PeerGroups, tg.Known = groups, map[string]bool{"s2": true}
+		outs, _ := Plan(t0, []Target{tg}, nil, 0)
+		if r := outs[0].Decision.Endpoints[4]; r.Weight != 30 || r.Reason != ReasonNoMetricsKept {
+			t.Fatalf("s2: %+v, want weight 30 kept", r)
+		}
+	})
+	t.Run("a new slow endpoint takes its instance type's median", func(t *testing.T) {
+		tg := target("ns/svc", []weights.Endpoint{fast("f1", 100), fast("f2", 100), fast("f3", 100), slow("s1", 30), missing("s-new", 60)})
+		tg.PeerGroups = groups
+		outs, _ := Plan(t0, []Target{tg}, nil, 0)
+		d := outs[0].Decision
+		if r := d.Endpoints[4]; r.Weight != d.Endpoints[3].Weight || r.Reason != ReasonNoMetricsPeers {
+			t.Fatalf("s-new: %+v, want s1's decided weight %d", r, d.Endpoints[3].Weight)
+		}
+	})
+	t.Run("without a peer of its type an endpoint keeps the mirror's weight", func(t *testing.T) {
+		tg := target("ns/svc", []weights.Endpoint{fast("f1", 100), fast("f2", 100), fast("f3", 100), slow("s1", 30), missing("odd", 45)})
+		tg.PeerGroups = groups
+		outs, _ := Plan(t0, []Target{tg}, nil, 0)
+		if r := outs[0].Decision.Endpoints[4]; r.Weight != 45 || r.Reason != ReasonNoMetricsNoPeers {
+			t.Fatalf("odd: %+v, want 45 kept", r)
+		}
+	})
+	t.Run("fewer than two endpoints with metrics keep every weight", func(t *testing.T) {
+		tg := target("ns/svc", []weights.Endpoint{fast("f1", 100), missing("f2", 120), missing("s1", 30)})
+		outs, _ := Plan(t0, []Target{tg}, nil, 0)
+		if outs[0].Action != ActionNone {
+			t.Fatalf("action %s (%s), want None: nothing justifies a change", outs[0].Action, outs[0].Reason)
+		}
+	})
+}

@@ -122,19 +122,32 @@ func (c Config) address() string {
 }
 
 // roundTripper builds the transport chain: TLS at the bottom, then auth, then extra headers.
+// TLS files (CA, client certificate and key) are re-read when they change, like the bearer token.
 func (c Config) roundTripper() (http.RoundTripper, error) {
-	tlsConfig, err := c.TLS.build()
-	if err != nil {
-		return nil, err
+	newTransport := func(tlsConfig *tls.Config) *http.Transport {
+		return &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:       tlsConfig,
+			TLSHandshakeTimeout:   5 * time.Second,
+			MaxIdleConnsPerHost:   8,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: c.timeout(),
+		}
 	}
-	var rt http.RoundTripper = &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:       tlsConfig,
-		TLSHandshakeTimeout:   5 * time.Second,
-		MaxIdleConnsPerHost:   8,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: c.timeout(),
+	var rt http.RoundTripper
+	if c.TLS.hasFiles() {
+		reloading, err := newTLSFileTransport(c.TLS, newTransport)
+		if err != nil {
+			return nil, err
+		}
+		rt = reloading
+	} else {
+		tlsConfig, err := c.TLS.build()
+		if err != nil {
+			return nil, err
+		}
+		rt = newTransport(tlsConfig)
 	}
 	switch {
 	case c.BearerTokenFile != "":

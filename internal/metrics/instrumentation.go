@@ -10,6 +10,7 @@ import (
 type instrumentation struct {
 	errors   *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	stale    *prometheus.CounterVec
 }
 
 func newInstrumentation(reg prometheus.Registerer) (*instrumentation, error) {
@@ -23,6 +24,10 @@ func newInstrumentation(reg prometheus.Registerer) (*instrumentation, error) {
 			Help:    "Duration of TSDB queries by signal, including decoding.",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
 		}, []string{"signal"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "adaptivelb_metrics_stale_samples_total",
+			Help: "Per-pod samples present but older than twice the interval, by signal. A steady rise for every pod means the TSDB answers in the past (VictoriaMetrics -search.latencyOffset) or scrapes too rarely for the interval.",
+		}, []string{"signal"}),
 	}
 	if reg == nil {
 		return in, nil
@@ -33,6 +38,10 @@ func newInstrumentation(reg prometheus.Registerer) (*instrumentation, error) {
 		return nil, err
 	}
 	in.duration, err = register(reg, in.duration)
+	if err != nil {
+		return nil, err
+	}
+	in.stale, err = register(reg, in.stale)
 	if err != nil {
 		return nil, err
 	}

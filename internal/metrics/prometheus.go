@@ -302,6 +302,9 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 			if q.Err == nil && (errors.Is(sample.Err, ErrNonFinite) || errors.Is(sample.Err, ErrDuplicateSeries)) {
 				s.metrics.errors.WithLabelValues(string(signal), Reason(sample.Err)).Inc()
 			}
+			if sample.Present && errors.Is(sample.Err, ErrStale) {
+				s.metrics.stale.WithLabelValues(string(signal)).Inc()
+			}
 			*obs.Sample(signal) = sample
 		}
 	}

@@ -36,7 +36,9 @@ const (
 //	pay.eu/web-1  cpu 0.2 cores, 10 rps, last scraped 50 s before now (stale at a 10 s interval)
 func loadFleet(t *testing.T, vm *vmtest.Server) time.Time {
 	t.Helper()
-	now := time.Now().Truncate(time.Second)
+	// An hour back: VictoriaMetrics with its default -search.latencyOffset answers queries for
+	// the last 30 s as of 30 s ago (see TestFetch_StockVictoriaMetricsAnswersInThePast).
+	now := time.Now().Add(-time.Hour).Truncate(time.Second)
 	from, step := now.Add(-5*time.Minute), 15*time.Second
 	staleEnd := now.Add(-50 * time.Second)
 	var b strings.Builder
@@ -323,4 +325,34 @@ func TestPrometheusSource_Faults_VictoriaMetrics(t *testing.T) {
 			t.Errorf("duration series: %d, %v (want one per query name)", n, err)
 		}
 	})
+}
+
+// A stock VictoriaMetrics (-search.latencyOffset=30s) answers a query for a time within 30 s
+// of the wall clock as of 30 s ago. Samples scraped every 5 s up to now therefore look about
+// 30 s old (less the time the import took): stale at a 5 s interval (limit 10 s), fresh at the
+// default 30 s interval (limit 60 s). The stale ones are counted in
+// adaptivelb_metrics_stale_samples_total.
+func TestFetch_StockVictoriaMetricsAnswersInThePast(t *testing.T) {
+	vm := vmtest.Start(t)
+	now := time.Now().Truncate(time.Second)
+	from := now.Add(-5 * time.Minute)
+	vm.ImportText(t, vmtest.Counter(`container_cpu_usage_seconds_total{namespace="shop",pod="api-1",container="app"}`, 0.5, from, now, 5*time.Second)+
+		vmtest.Counter(`istio_requests_total{reporter="destination",namespace="shop",pod="api-1",response_code="200"}`, 100, from, now, 5*time.Second))
+	src, _ := newTestSource(t, Config{URL: vm.URL})
+	pods := []Pod{{Namespace: "shop", Name: "api-1"}}
+
+	batch, _ := src.Fetch(context.Background(), Request{Pods: pods, Now: now, Window: time.Minute, Interval: 5 * time.Second})
+	cpu := batch.Observations[0].CPUCores
+	var stale *StaleError
+	if !cpu.Present || cpu.Usable() || !errors.As(cpu.Err, &stale) || stale.Age < 20*time.Second {
+		t.Fatalf("at a 5s interval the CPU sample should be present but stale by about the 30s offset: %+v", cpu)
+	}
+	if got := testutil.ToFloat64(src.metrics.stale.WithLabelValues(string(SignalCPU))); got != 1 {
+		t.Errorf("adaptivelb_metrics_stale_samples_total{signal=cpu} = %v, want 1", got)
+	}
+
+	batch, _ = src.Fetch(context.Background(), Request{Pods: pods, Now: now, Window: time.Minute, Interval: 30 * time.Second})
+	if cpu := batch.Observations[0].CPUCores; !cpu.Usable() {
+		t.Fatalf("at the default 30s interval the CPU sample should be fresh: %+v", cpu)
+	}
 }

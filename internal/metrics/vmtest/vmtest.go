@@ -50,8 +50,12 @@ func Start(t testing.TB) *Server {
 	cmd := exec.Command(bin,
 		"-httpListenAddr=127.0.0.1:"+port,
 		"-storageDataPath="+t.TempDir(),
-		// Make freshly imported samples visible to the very next query.
-		"-search.latencyOffset=0",
+		// -search.latencyOffset keeps its default (30s), as on a stock install: a query for a
+		// time within 30 s of the wall clock is answered as of 30 s ago. Tests that need
+		// fresh-looking samples evaluate at a time well in the past (their own clock); the
+		// staleness tests rely on the default.
+		// The cache is off because tests import samples into the past, which a cached
+		// result for that range would hide.
 		"-search.disableCache",
 		"-loggerLevel=ERROR",
 	)

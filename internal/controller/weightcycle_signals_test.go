@@ -1,0 +1,402 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
+)
+
+// maxConditionMessage bounds what a condition may carry: a summary, not the PromQL texts and
+// their errors (those go to events and the log).
+const maxConditionMessage = 1024
+
+func (lf *loopFixture) get(name string) *adlbv1.AdaptiveLoadBalancer {
+	lf.t.Helper()
+	a := &adlbv1.AdaptiveLoadBalancer{}
+	if err := k8s.Get(lf.ctx, types.NamespacedName{Namespace: lf.ns, Name: name}, a); err != nil {
+		lf.t.Fatal(err)
+	}
+	return a
+}
+
+func (lf *loopFixture) weightsOf(name string) map[string]int {
+	lf.t.Helper()
+	se, err := lf.serviceEntry(name)
+	if err != nil {
+		lf.t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, e := range se.Spec.Endpoints {
+		out[e.Address] = int(e.Weight)
+	}
+	return out
+}
+
+// updateALB changes the spec and waits until the operator's cache has the new generation.
+func (lf *loopFixture) updateALB(name string, change func(*adlbv1.AdaptiveLoadBalancer)) {
+	lf.t.Helper()
+	a := lf.get(name)
+	change(a)
+	if err := k8s.Update(lf.ctx, a); err != nil {
+		lf.t.Fatal(err)
+	}
+	lf.eventually("the operator's cache sees the update", func() error {
+		c := &adlbv1.AdaptiveLoadBalancer{}
+		if err := operatorClient.Get(lf.ctx, types.NamespacedName{Namespace: lf.ns, Name: name}, c); err != nil {
+			return err
+		}
+		if c.Generation != a.Generation {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+func (lf *loopFixture) assertShortConditions(name string) {
+	lf.t.Helper()
+	for _, c := range lf.get(name).Status.Conditions {
+		if len(c.Message) > maxConditionMessage {
+			lf.t.Errorf("condition %s carries %d bytes; want a summary under %d: %s", c.Type, len(c.Message), maxConditionMessage, c.Message)
+		}
+	}
+}
+
+func endpointReason(a *adlbv1.AdaptiveLoadBalancer, ip string) string {
+	for _, e := range a.Status.Endpoints {
+		if e.IP == ip {
+			return e.Reason
+		}
+	}
+	return ""
+}
+
+// Issue 15.1: web (default queries) and api (its own CPU query) select the same pods. Each
+// must be weighted by its own queries' results: the fetch keys results by (queries, pod).
+func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
+	var eps []sliceEndpoint
+	for i, ip := range lf.ips {
+		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
+	}
+	lf.slice("api", "api-x", eps...)
+	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
+		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{
+			CPU: `sum by (namespace, pod) (rate(app_cpu_seconds_total{namespace=~"{{.Namespaces}}", pod=~"{{.Pods}}"}[{{.Window}}]))`}}
+	})
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
+	lf.waitForAddresses("api", lf.ips...)
+	lf.waitForCondition("api", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+
+	// For web, pods 5 and 6 are the costly ones; api's query says pods 1 and 2 are.
+	lf.appCores = []float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	for _, name := range []string{"web", "api"} {
+		if o := rep.Outcomes[types.NamespacedName{Namespace: lf.ns, Name: name}]; o.Action != cycle.ActionWrite {
+			t.Fatalf("%s: action %s (%s), want Write", name, o.Action, o.Reason)
+		}
+	}
+	web, apiW := lf.weightsOf("web"), lf.weightsOf("api")
+	t.Logf("web %v, api %v", orderedWeights(lf.ips, web), orderedWeights(lf.ips, apiW))
+	if web[lf.ips[0]] <= web[lf.ips[5]] {
+		t.Errorf("web weighted by another Service's query: pod 1 %d not above costly pod 6 %d", web[lf.ips[0]], web[lf.ips[5]])
+	}
+	if apiW[lf.ips[5]] <= apiW[lf.ips[0]] {
+		t.Errorf("api weighted by another Service's query: pod 6 %d not above costly pod 1 %d", apiW[lf.ips[5]], apiW[lf.ips[0]])
+	}
+}
+
+// withInstanceType puts pods 1-4 on a fast machine type and pods 5-6 on a slow one.
+func withInstanceTypes(f *fixture) func(i int) []func(*corev1.Pod) {
+	for name, typ := range map[string]string{"fast-node": "m-fast", "slow-node": "m-slow"} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+			"topology.kubernetes.io/region": "eu-west", "topology.kubernetes.io/zone": "eu-west-1a", InstanceTypeLabel: typ}}}
+		if err := k8s.Create(f.ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
+			f.t.Fatal(err)
+		}
+	}
+	return func(i int) []func(*corev1.Pod) {
+		node := "fast-node"
+		if i >= 4 {
+			node = "slow-node"
+		}
+		return []func(*corev1.Pod){func(p *corev1.Pod) { p.Spec.NodeName = node }}
+	}
+}
+
+// Issue 15.2: a pod without usable metrics must not get the median of all pods, which
+// overloads a slow machine. A known pod keeps its last good weight; a new one gets the median
+// of its instance type's pods, as the mirror gives it.
+func TestWeightCycle_APodWithoutMetricsKeepsItsWeightOrTakesItsInstanceTypesMedian(t *testing.T) {
+	requireVM(t)
+	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
+	lf.load(skewedCores, equalRPS)
+	if rep := lf.run(); lf.wrote(rep) != 1 {
+		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
+	}
+	adapted := lf.weights()
+	slow := adapted[lf.ips[5]]
+	t.Logf("adapted %v", orderedWeights(lf.ips, adapted))
+
+	// The slow pod 6 loses its CPU series: three intervals later its samples are gone.
+	lf.omitCPU[5] = true
+	lf.clock.Step(3 * loopInterval)
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	o := rep.Outcomes[lf.key()]
+	if got := o.Decision.Weights()[lf.ips[5]]; got != slow {
+		t.Fatalf("slow pod without metrics: weight %d, want its last good weight %d (%s)", got, slow, o.Reason)
+	}
+	if lf.wrote(rep) == 1 {
+		if got := lf.weights()[lf.ips[5]]; got != slow {
+			t.Fatalf("slow pod without metrics written with %d, want %d", got, slow)
+		}
+	}
+	lf.eventually("status explains the kept weight", func() error {
+		if r := endpointReason(lf.get("web"), lf.ips[5]); r != cycle.ReasonNoMetricsKept {
+			return fmt.Errorf("reason %q", r)
+		}
+		return nil
+	})
+
+	// A new pod on the slow machine type joins, without metrics yet.
+	lf.pod("web", "web-7", "10.20.0.7", withCPULimit("2"), func(p *corev1.Pod) { p.Spec.NodeName = "slow-node" })
+	var eps []sliceEndpoint
+	for i, ip := range lf.ips {
+		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
+	}
+	eps = append(eps, ready("web-7", "10.20.0.7"))
+	lf.slice("web", "web-x", eps...)
+	lf.waitForAddresses("web", append(append([]string{}, lf.ips...), "10.20.0.7")...)
+	lf.clock.Step(loopInterval)
+	lf.load(skewedCores, equalRPS)
+	rep = lf.run()
+	o = rep.Outcomes[lf.key()]
+	decided := o.Decision.Weights()
+	newPod, peer := decided["10.20.0.7"], decided[lf.ips[4]]
+	t.Logf("decided %v, new pod %d", orderedWeights(lf.ips, decided), newPod)
+	if newPod != peer {
+		t.Errorf("new slow pod: weight %d, want the median of its instance type's pods with metrics (%d)", newPod, peer)
+	}
+	for _, fast := range lf.ips[:4] {
+		if decided[fast] <= newPod {
+			t.Errorf("new slow pod weight %d is not below fast pod %s's %d", newPod, fast, decided[fast])
+		}
+	}
+}
+
+// newFixtureFor returns a fixture handle for creating cluster-scoped objects before the loop
+// fixture's namespace exists.
+func newFixtureFor(t *testing.T) *fixture {
+	requireEnv(t)
+	return &fixture{t: t, ctx: context.Background()}
+}
+
+// Issue 13.2: a weight write the API server refuses is not applied: WeightsApplied turns False,
+// the status keeps the weights and the lastWeightWrite the ServiceEntry really has.
+func TestWeightCycle_AFailedWeightWriteIsNotReportedAsApplied(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	applied := lf.weights()
+	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied)
+	before := lf.get("web")
+	if before.Status.LastWeightWrite == nil {
+		t.Fatal("no lastWeightWrite after the first write")
+	}
+
+	fault := &apiFault{status: metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+		Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: "injected: etcdserver: leader changed"}}
+	apiFaults.Store(lf.ns, fault)
+	defer apiFaults.Delete(lf.ns)
+	lf.clock.Step(3 * loopInterval)
+	lf.load([]float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}, equalRPS) // costs reversed: new weights needed
+	rep := lf.run()
+	if o := rep.Outcomes[lf.key()]; o.Action != cycle.ActionWrite || lf.wrote(rep) != 0 || fault.attempts.Load() == 0 {
+		t.Fatalf("want a refused write: action %s, %d written, %d attempts", o.Action, lf.wrote(rep), fault.attempts.Load())
+	}
+	c := lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)
+	if !strings.Contains(c.Message, "injected") {
+		t.Errorf("the condition should say why: %q", c.Message)
+	}
+	lf.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)
+	after := lf.get("web")
+	if !after.Status.LastWeightWrite.Equal(before.Status.LastWeightWrite) {
+		t.Errorf("lastWeightWrite moved to %v after a failed write (was %v)", after.Status.LastWeightWrite, before.Status.LastWeightWrite)
+	}
+	for _, e := range after.Status.Endpoints {
+		if int(e.Weight) != applied[e.IP] {
+			t.Errorf("status shows weight %d for %s; the ServiceEntry has %d", e.Weight, e.IP, applied[e.IP])
+		}
+	}
+
+	apiFaults.Delete(lf.ns)
+	lf.clock.Step(loopInterval)
+	lf.load([]float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}, equalRPS)
+	if rep := lf.run(); lf.wrote(rep) != 1 {
+		t.Fatalf("after the API server recovered: %+v", rep.Outcomes[lf.key()])
+	}
+	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied)
+}
+
+// Issue 13.3: when only the Istio series vanish, no pod has every signal the algorithm needs:
+// that is an outage, so the last weights are held, not reset to equal at once.
+func TestWeightCycle_OneMissingSignalIsAnOutage(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	adapted := lf.weights()
+	for i := range lf.ips {
+		lf.omitRequests[i] = true
+	}
+	lf.clock.Step(3 * loopInterval)
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	if o := rep.Outcomes[lf.key()]; o.Action != cycle.ActionHold || lf.wrote(rep) != 0 {
+		t.Fatalf("CPU without request rates: action %s (%s), want Hold", o.Action, o.Reason)
+	}
+	lf.waitForWeights(adapted)
+	c := lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsFailed)
+	if !strings.Contains(c.Message, "requestRate") {
+		t.Errorf("the condition should name the missing signal: %q", c.Message)
+	}
+	lf.assertShortConditions("web")
+}
+
+// Issue 15.5: a query that fails for every pod (here invalid PromQL in an override) turns
+// MetricsAvailable False, while the weights still use the signals that work.
+func TestWeightCycle_AQueryFailingForEveryPodIsReported(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{LatencyP99: `histogram_quantile(0.99, sum by (le) (`}}
+	})
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	if o := rep.Outcomes[lf.key()]; o.Action != cycle.ActionWrite {
+		t.Fatalf("the needed signals work: action %s (%s), want Write", o.Action, o.Reason)
+	}
+	c := lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonQueryFailed)
+	if !strings.Contains(c.Message, "latencyP99") {
+		t.Errorf("the condition should name the failing query: %q", c.Message)
+	}
+	lf.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonQueryFailed)
+	lf.assertShortConditions("web")
+}
+
+// Issue 15.4: a stock VictoriaMetrics answers 30 s in the past, so at a short interval (here
+// 5 s: stale after 10 s; the same holds at 15 s) every pod looks stale. The condition says so,
+// and what to change.
+func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	// Samples up to the wall clock's now, evaluated now: within VictoriaMetrics' latency offset.
+	lf.clock = clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
+	lf.loop.Clock = lf.clock
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	if o := rep.Outcomes[lf.key()]; lf.wrote(rep) != 0 || o.Decision.Changed {
+		t.Fatalf("stale metrics changed the weights: %+v", o)
+	}
+	c := lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsStale)
+	for _, want := range []string{"latencyOffset", "spec.interval", "30s"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("the stale condition should mention %q: %s", want, c.Message)
+		}
+	}
+	lf.assertShortConditions("web")
+}
+
+// Issue 13.6: a new leader that takes over during a TSDB outage continues the hold period the
+// old one started (seeded from status) instead of resetting the weights at once.
+func TestWeightCycle_FailoverDuringAnOutageKeepsHolding(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	adapted := lf.weights()
+	lf.eventually("the operator's cache sees MetricsAvailable=True", func() error {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := operatorClient.Get(lf.ctx, lf.key(), a); err != nil {
+			return err
+		}
+		if !meta.IsStatusConditionTrue(a.Status.Conditions, adlbv1.ConditionMetricsAvailable) {
+			return errNotYet
+		}
+		return nil
+	})
+	lf.vm.Stop()
+	src, err := metrics.New(metrics.Config{URL: lf.vm.URL}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	successor := &WeightCycle{
+		Client: operatorClient, APIReader: k8s, Source: src, Recorder: record.NewFakeRecorder(100), Clock: lf.clock,
+		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
+		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions,
+	}
+	lf.clock.Step(loopInterval)
+	rep, err := successor.RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := rep.Outcomes[lf.key()]; o.Action != cycle.ActionHold {
+		t.Fatalf("the new leader's first cycle in the outage: action %s (%s), want Hold", o.Action, o.Reason)
+	}
+	lf.waitForWeights(adapted)
+}
+
+// #13 "Least privilege and tenancy": mode Frozen keeps mirroring at the current weights and
+// changes none; a joining pod gets the mirror's median weight.
+func TestWeightCycle_FrozenKeepsTheWeights(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	adapted := lf.weights()
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Mode = adlbv1.ModeFrozen })
+	lf.clock.Step(3 * loopInterval)
+	lf.load([]float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}, equalRPS)
+	if rep := lf.run(); lf.wrote(rep) != 0 {
+		t.Fatalf("a Frozen balancer's weights were written: %+v", rep.Outcomes[lf.key()])
+	}
+	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFrozen)
+	lf.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+
+	lf.pod("web", "web-7", "10.20.0.7", withCPULimit("2"))
+	var eps []sliceEndpoint
+	for i, ip := range lf.ips {
+		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
+	}
+	lf.slice("web", "web-x", append(eps, ready("web-7", "10.20.0.7"))...)
+	lf.waitForAddresses("web", append(append([]string{}, lf.ips...), "10.20.0.7")...)
+	got := lf.weights()
+	for ip, w := range adapted {
+		if got[ip] != w {
+			t.Errorf("Frozen: %s's weight changed from %d to %d", ip, w, got[ip])
+		}
+	}
+	if got["10.20.0.7"] == 0 {
+		t.Error("the joining pod has no weight")
+	}
+	lf.clock.Step(loopInterval)
+	lf.load([]float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}, equalRPS)
+	if rep := lf.run(); lf.wrote(rep) != 0 {
+		t.Fatalf("a Frozen balancer's weights were written: %+v", rep.Outcomes[lf.key()])
+	}
+}
