@@ -64,6 +64,8 @@ type runOptions struct {
 	writeBudget             int
 	holdIntervals           int
 	endpointWeightMetrics   bool
+	allowQueryOverrides     bool
+	watchNamespaces         []string
 	source                  *metricsSourceFlags
 	sourceConfig            metrics.Config
 }
@@ -107,6 +109,7 @@ func newRunCmd() *cobra.Command {
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
+	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
 	o.source = addMetricsSourceFlags(f, "tsdb-")
 	return cmd
 }
@@ -341,7 +344,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
-			Versions: versions, Activity: activity,
+			Versions: versions, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)

@@ -347,3 +347,25 @@ func TestWeightCycle_FindsThePodTheSliceNamesForAnIP(t *testing.T) {
 		t.Fatalf("IP shared with a host-network pod: pod %v err %v; want web-1", pod, err)
 	}
 }
+
+// Per-Service PromQL runs with the operator's TSDB credentials: without the admin's
+// --allow-query-overrides it is ignored (the default queries run) and the condition says so.
+func TestWeightCycle_QueryOverridesNeedTheAdminsConsent(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{LatencyP99: `histogram_quantile(0.99, sum by (le) (`}}
+	})
+	lf.load(skewedCores, equalRPS)
+	lf.loop.AllowQueryOverrides = false
+	lf.run()
+	c := lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionTrue, adlbv1.ReasonQueryOverridesIgnored)
+	if !strings.Contains(c.Message, "spec.metrics.queries ignored: the operator runs without --allow-query-overrides") {
+		t.Fatalf("message %q", c.Message)
+	}
+	// Allowed, the same override runs (and, being broken, fails).
+	lf.loop.AllowQueryOverrides = true
+	lf.clock.Step(loopInterval)
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonQueryFailed)
+}

@@ -106,6 +106,11 @@ type WeightCycle struct {
 	Versions *ServiceEntryVersions
 	// Activity, if set, counts cycles under way; once it is closed none starts.
 	Activity *Activity
+	// AllowQueryOverrides lets spec.metrics.queries replace the operator's queries. Off, they are
+	// ignored and MetricsAvailable says so: the queries run with the operator's TSDB
+	// credentials, and whoever may create an AdaptiveLoadBalancer could otherwise read any
+	// series through status, or slow every Service's cycle with costly queries.
+	AllowQueryOverrides bool
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -315,17 +320,19 @@ func (w *WeightCycle) debounceAfter() time.Duration {
 
 // dueTarget is one AdaptiveLoadBalancer due this cycle, with what the engine needs.
 type dueTarget struct {
-	key       types.NamespacedName
-	alb       *adlbv1.AdaptiveLoadBalancer
-	se        *networkingv1.ServiceEntry
-	settings  weights.Settings
-	interval  time.Duration
-	queries   metrics.QueryTemplates
-	pods      map[string]*corev1.Pod // by IP
-	podOrder  []string               // IPs in ServiceEntry order
-	current   map[string]int         // weight by IP
-	peerGroup map[string]string      // instance type by IP
-	lastWrite time.Time
+	key      types.NamespacedName
+	alb      *adlbv1.AdaptiveLoadBalancer
+	se       *networkingv1.ServiceEntry
+	settings weights.Settings
+	interval time.Duration
+	queries  metrics.QueryTemplates
+	// overridesIgnored: the spec has query overrides and the operator does not allow them.
+	overridesIgnored bool
+	pods             map[string]*corev1.Pod // by IP
+	podOrder         []string               // IPs in ServiceEntry order
+	current          map[string]int         // weight by IP
+	peerGroup        map[string]string      // instance type by IP
+	lastWrite        time.Time
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
 	health   metricsHealth
@@ -400,7 +407,12 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
 			current: map[string]int{}, peerGroup: map[string]string{}, warmup: warmup}
 		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
-			d.queries = metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+			q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+			if w.AllowQueryOverrides {
+				d.queries = q
+			} else if q != (metrics.QueryTemplates{}) {
+				d.overridesIgnored = true
+			}
 		}
 		if alb.Status.LastWeightWrite != nil {
 			d.lastWrite = alb.Status.LastWeightWrite.Time
@@ -824,6 +836,14 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		metricsCond.Message = fmt.Sprintf("metrics fetched; %d of %d pods without usable metrics keep their weight", h.pods-h.complete, h.pods)
 		if h.stale > 0 {
 			metricsCond.Message += fmt.Sprintf(" (%d stale: newest sample %s old, limit %s; %s)", h.stale, h.age.Round(time.Second), h.threshold, staleHint)
+		}
+	}
+	if d.overridesIgnored {
+		const ignored = "spec.metrics.queries ignored: the operator runs without --allow-query-overrides, so the default queries are used"
+		if metricsCond.Status == metav1.ConditionTrue {
+			metricsCond.Reason, metricsCond.Message = adlbv1.ReasonQueryOverridesIgnored, ignored+"; "+metricsCond.Message
+		} else {
+			metricsCond.Message = shorten(metricsCond.Message, 400) + "; " + ignored
 		}
 	}
 	weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: o.Reason, ObservedGeneration: gen}
