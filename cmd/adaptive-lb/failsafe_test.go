@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,12 +22,30 @@ func TestFailsafe_RejectsBadFlags(t *testing.T) {
 	}
 }
 
+// lockedBuffer is a log sink a test may read while the command writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // startFailsafe runs `adaptive-lb failsafe` in-process as the watchdog's own ServiceAccount
 // (config/rbac/failsafe.yaml) until the returned stop is called.
-func (c *opsCluster) startFailsafe(args ...string) (stop func(), logs *bytes.Buffer) {
+func (c *opsCluster) startFailsafe(args ...string) (stop func(), logs *lockedBuffer) {
 	kubeconfig := kubeconfigFile(c.t, c.env, "system:serviceaccount:"+operatorNamespace+":adaptive-lb-failsafe")
 	ctx, cancel := context.WithCancel(c.ctx)
-	logs = &bytes.Buffer{}
+	logs = &lockedBuffer{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -45,7 +64,7 @@ func (c *opsCluster) serviceEntryGone() bool {
 }
 
 // waitFor polls cond for up to a minute; the bound only stops a hung test.
-func (c *opsCluster) waitFor(what string, cond func() bool, logs ...*bytes.Buffer) {
+func (c *opsCluster) waitFor(what string, cond func() bool, logs ...fmt.Stringer) {
 	c.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
@@ -109,6 +110,7 @@ func newRunCmd() *cobra.Command {
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
+	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
 	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
 	o.source = addMetricsSourceFlags(f, "tsdb-")
 	return cmd
@@ -141,6 +143,11 @@ func (o *runOptions) validate() error {
 	case "debug", "info", "error":
 	default:
 		return newUsageError("--log-level %q must be debug, info or error", o.logLevel)
+	}
+	for _, ns := range o.watchNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return newUsageError("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
 	}
 	return nil
 }
@@ -304,7 +311,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                              scheme,
 		MapperProvider:                      func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
-		Cache:                               controller.CacheOptions(),
+		Cache:                               controller.CacheOptions(o.watchNamespaces...),
 		Metrics:                             metricsOpts,
 		HealthProbeBindAddress:              "0", // served by the process: see sharedParts.probes
 		LeaderElection:                      o.leaderElect,

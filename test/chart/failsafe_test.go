@@ -82,3 +82,80 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 		t.Errorf("watchdog without leader election: err %v, output %s", err, out)
 	}
 }
+
+// renderNamespaced renders the chart and keys the objects by kind/namespace/name.
+func renderNamespaced(t *testing.T, sets ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
+	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	args := []string{"template", "lb", chartDir, "--namespace", "adaptive-lb-system", "--kube-version", "1.36.3"}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	out, err := exec.Command(helm, args...).Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	objs := map[string]*unstructured.Unstructured{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			break
+		}
+		if len(u.Object) > 0 {
+			objs[u.GetKind()+"/"+u.GetNamespace()+"/"+u.GetName()] = u
+		}
+	}
+	return objs
+}
+
+// watchNamespaces turns the operator's, the watchdog's and the hook's ClusterRoles into Roles in
+// those namespaces; only reading nodes stays cluster-wide.
+func TestChart_WatchNamespacesRendersRolesInsteadOfClusterRoles(t *testing.T) {
+	objs := renderNamespaced(t, "watchNamespaces={shop,web}")
+	data, err := os.ReadFile("../../config/rbac/role.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	generated := configObjects(t, "../../config/rbac/role.yaml")["ClusterRole/adaptive-lb"]
+	if generated == nil || len(data) == 0 {
+		t.Fatal("config/rbac/role.yaml has no ClusterRole adaptive-lb")
+	}
+	for _, ns := range []string{"shop", "web"} {
+		role := objs["Role/"+ns+"/lb-adaptive-lb"]
+		if role == nil || !reflect.DeepEqual(role.Object["rules"], generated.Object["rules"]) {
+			t.Fatalf("namespace %s: operator Role %v", ns, role)
+		}
+		for _, k := range []string{"RoleBinding/" + ns + "/lb-adaptive-lb", "Role/" + ns + "/lb-adaptive-lb-failsafe", "RoleBinding/" + ns + "/lb-adaptive-lb-failsafe",
+			"Role/" + ns + "/lb-adaptive-lb-uninstall-serviceentries", "RoleBinding/" + ns + "/lb-adaptive-lb-uninstall-serviceentries"} {
+			if objs[k] == nil {
+				t.Errorf("%s missing", k)
+			}
+		}
+	}
+	var clusterRoles []string
+	for k := range objs {
+		if strings.HasPrefix(k, "ClusterRole/") {
+			clusterRoles = append(clusterRoles, k)
+		}
+	}
+	// Only nodes (and the metrics endpoint's token and access reviews, which are cluster-scoped
+	// by nature) are granted cluster-wide.
+	for _, k := range clusterRoles {
+		switch k {
+		case "ClusterRole//lb-adaptive-lb-nodes", "ClusterRole//lb-adaptive-lb-metrics-auth", "ClusterRole//lb-adaptive-lb-metrics-reader":
+		default:
+			t.Errorf("%s rendered in namespace-restricted mode", k)
+		}
+	}
+	dep := objs["Deployment/adaptive-lb-system/lb-adaptive-lb"]
+	containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+	if args := strings.Join(toStrings(containers[0].(map[string]any)["args"]), " "); !strings.Contains(args, "--watch-namespaces=shop,web") {
+		t.Errorf("operator args %s", args)
+	}
+	wd := objs["Deployment/adaptive-lb-system/lb-adaptive-lb-failsafe"]
+	containers, _, _ = unstructured.NestedSlice(wd.Object, "spec", "template", "spec", "containers")
+	if args := strings.Join(toStrings(containers[0].(map[string]any)["args"]), " "); !strings.Contains(args, "--namespaces=shop,web") {
+		t.Errorf("watchdog args %s", args)
+	}
+}
