@@ -32,7 +32,7 @@ func CacheOptions(namespaces ...string) cache.Options {
 	}
 	return cache.Options{
 		DefaultNamespaces: only,
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform:  cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:                {Transform: trimPod},
 			&corev1.Service{}:            {Transform: trimService},
