@@ -453,3 +453,34 @@ func TestRun_ResumesAfterTheAPIServerWasDown(t *testing.T) {
 		t.Fatalf("lease holder %q after the outage, was %q: the process changed its leader identity", h, leader)
 	}
 }
+
+// BenchmarkAPIServerOutageRecovery measures the blind window after an API-server outage: from the
+// API server's restart (after 20 s down, beyond the renew deadline: the leader loses its lease)
+// to the ServiceEntry reflecting an endpoint change made right after the restart. One replica,
+// lease duration 4 s, renew deadline 3 s, retry period 500 ms.
+//
+//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s go test -run '^$' -bench APIServerOutageRecovery -benchtime 1x ./cmd/adaptive-lb/
+func BenchmarkAPIServerOutageRecovery(b *testing.B) {
+	c := newOpsCluster(b)
+	c.setReady(3)
+	c.createALB()
+	stop, logs := c.start("a", true)
+	defer stop()
+	c.waitForEndpoints(3, logs)
+	n := 3
+	for b.Loop() {
+		apiServer := c.env.ControlPlane.APIServer
+		if err := apiServer.Stop(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(20 * time.Second)
+		if err := apiServer.Start(); err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		n = 5 - n // 3 → 2 → 3 …
+		c.setReady(n)
+		c.waitForEndpoints(n, logs)
+		b.ReportMetric(time.Since(t0).Seconds(), "blind_after_restart_s")
+	}
+}
