@@ -22,11 +22,11 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"workers":        {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
-		"cluster domain": {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
-		"log level":      {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
+		"workers":          {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
+		"cluster domain":   {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
+		"log level":        {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
 		"watch namespaces": {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
-		"leader timings": {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
+		"leader timings":   {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
