@@ -519,15 +519,17 @@ func (r *AdaptiveLoadBalancerReconciler) deleteServiceEntry(ctx context.Context,
 // remain): the old Service's clients would keep the old endpoints forever, and the garbage
 // collector never removes them while their owner lives.
 func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) error {
+	// Runs on every reconcile: the cache's own objects are only read here (no deep copy of the
+	// target's ServiceEntry, up to a megabyte, per endpoint change).
 	var owned networkingv1.ServiceEntryList
-	if err := r.List(ctx, &owned, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}); err != nil {
+	if err := r.List(ctx, &owned, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list ServiceEntries owned by AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
 	}
-	for i := range owned.Items {
-		se := owned.Items[i]
-		if se.Name == alb.Spec.TargetRef.Name || !metav1.IsControlledBy(se, alb) {
+	for _, cached := range owned.Items {
+		if cached.Name == alb.Spec.TargetRef.Name || !metav1.IsControlledBy(cached, alb) {
 			continue
 		}
+		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: cached.Namespace, Name: cached.Name, UID: cached.UID}}
 		if err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete ServiceEntry %s/%s, left from an earlier target of AdaptiveLoadBalancer %s: %w", se.Namespace, se.Name, alb.Name, err)
 		}
