@@ -14,7 +14,8 @@ export TOOLS_DIR
 KUBEBUILDER_ASSETS ?= $(TOOLS_DIR)/k8s
 ADAPTIVELB_VMSINGLE_BIN ?= $(TOOLS_DIR)/victoria-metrics/victoria-metrics
 ADAPTIVELB_HELM_BIN ?= $(TOOLS_DIR)/helm/helm
-export KUBEBUILDER_ASSETS ADAPTIVELB_VMSINGLE_BIN ADAPTIVELB_HELM_BIN
+ADAPTIVELB_KUSTOMIZE_BIN ?= $(TOOLS_DIR)/kustomize/kustomize
+export KUBEBUILDER_ASSETS ADAPTIVELB_VMSINGLE_BIN ADAPTIVELB_HELM_BIN ADAPTIVELB_KUSTOMIZE_BIN
 
 # Generous: the envtest suites start real API servers on a 2-core machine.
 TEST_TIMEOUT ?= 40m
@@ -64,7 +65,7 @@ simulate: ## Run the simulator on its built-in seed-fib scenario.
 ##@ Test components
 
 .PHONY: test-assets
-test-assets: envtest-assets victoriametrics helm ## Build the real components the tests run against.
+test-assets: envtest-assets victoriametrics helm kustomize ## Build the real components the tests run against.
 
 .PHONY: envtest-assets
 envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k8s.
@@ -73,6 +74,10 @@ envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k
 .PHONY: helm
 helm: ## Build the helm CLI for the chart tests into $(TOOLS_DIR)/helm.
 	hack/build-helm.sh "$(TOOLS_DIR)/helm"
+
+.PHONY: kustomize
+kustomize: ## Build the kustomize CLI for the install tests into $(TOOLS_DIR)/kustomize.
+	hack/build-kustomize.sh "$(TOOLS_DIR)/kustomize"
 
 .PHONY: victoriametrics
 victoriametrics: ## Build VictoriaMetrics single-node into $(TOOLS_DIR)/victoria-metrics.

@@ -31,7 +31,7 @@ const (
 )
 
 // AdaptiveLoadBalancerSpec opts one Service into adaptive endpoint weights.
-// +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || !has(self.maxWeight) || self.minWeight <= self.maxWeight",message="minWeight must not exceed maxWeight"
+// +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || !has(self.maxWeight) || self.minWeight <= self.maxWeight",message="minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"
 // A bound set alone must still fit the algorithm's default for the other one (capacity: 10..1000,
 // cpu-distance: 100..600); otherwise the engine could never run and weights would stay equal.
 // +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || has(self.maxWeight) || self.minWeight <= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 600 : 1000)",message="minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"
@@ -48,6 +48,8 @@ type AdaptiveLoadBalancerSpec struct {
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:items:Maximum=65535
 	Ports []int32 `json:"ports,omitempty"`
 
 	// Mode is Active (write weights), DryRun (equal weights in the ServiceEntry; compute and
@@ -61,10 +63,15 @@ type AdaptiveLoadBalancerSpec struct {
 	// +kubebuilder:default=capacity
 	Algorithm Algorithm `json:"algorithm,omitempty"`
 
+	// (The rule checks the format before calling duration(), which on anything else fails with a
+	// type conversion error that names neither the field nor the allowed form.)
+
 	// Interval between weight cycles for this Service; a multiple of the operator's cycle tick.
 	// +optional
 	// +kubebuilder:default="30s"
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('5s') && duration(self) <= duration('10m')",message="interval must be between 5s and 10m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('5s') && duration(self) <= duration('10m')",messageExpression="'interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got ' + self"
 	Interval *metav1.Duration `json:"interval,omitempty"`
 
 	// MinWeight is the smallest weight written (Envoy ignores weight 0).
@@ -95,6 +102,8 @@ type AdaptiveLoadBalancerSpec struct {
 	// +optional
 	// +listType=set
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="self.all(x, x in ['.', '*', '~'] || x.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))",message="exportTo entries must be '.' (this namespace), '*' (every namespace), '~' (none) or a namespace name"
 	ExportTo []string `json:"exportTo,omitempty"`
 }
 
@@ -104,9 +113,12 @@ type TargetRef struct {
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:Pattern=`^[a-z]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",messageExpression="'targetRef.name must name a Service in this namespace: lowercase letters, digits and -, starting with a letter and ending with a letter or digit; got ' + self"
 	Name string `json:"name"`
 }
+
+// Each spec field's rule checks a Decimal's format before double(), which on anything else fails
+// with a type conversion error that names neither the field nor the allowed form.
 
 // Decimal is a decimal number written as a string, such as "0.5".
 // +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
@@ -117,32 +129,33 @@ type Decimal string
 type CapacityParameters struct {
 	// Gain is the fraction of the way toward the target shares taken per cycle, in (0, 1].
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) > 0.0 && double(self) <= 1.0",message="gain must be in (0, 1]"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && (double(self) > 0.0 && double(self) <= 1.0)",messageExpression="'gain must be a decimal above 0 and at most 1, such as 0.5; got ' + self"
 	Gain *Decimal `json:"gain,omitempty"`
 	// MaxStepRatio bounds one cycle's change of a weight to [w/r, w*r]; greater than 1.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) > 1.0",message="maxStepRatio must be greater than 1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) > 1.0",messageExpression="'maxStepRatio must be a decimal greater than 1, such as 2; got ' + self"
 	MaxStepRatio *Decimal `json:"maxStepRatio,omitempty"`
 	// MaxWeightRatio bounds the largest weight over the smallest; at least 1.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="maxWeightRatio must be at least 1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'maxWeightRatio must be a decimal of at least 1, such as 10; got ' + self"
 	MaxWeightRatio *Decimal `json:"maxWeightRatio,omitempty"`
 	// DeadBand is the relative change below which nothing is written, in [0, 1).
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) < 1.0",message="deadBand must be below 1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) < 1.0",messageExpression="'deadBand must be a decimal of at least 0 and below 1, such as 0.05; got ' + self"
 	DeadBand *Decimal `json:"deadBand,omitempty"`
 	// MinRequestRate is the request rate (per second) below which a pod's cost is not trusted.
 	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$')",messageExpression="'minRequestRate must be a non-negative decimal number written as a string, such as 0.5; got ' + self"
 	MinRequestRate *Decimal `json:"minRequestRate,omitempty"`
 	// PlanningLoadFactor splits traffic as if the load were this many times the observed one; at least 1.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="planningLoadFactor must be at least 1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'planningLoadFactor must be a decimal of at least 1, such as 1.2; got ' + self"
 	PlanningLoadFactor *Decimal `json:"planningLoadFactor,omitempty"`
 	// OverloadLatencyRatio halves at once the weight of a pod whose p99 latency, in units of its
 	// own CPU cost per request, exceeds this multiple of the median pod's; greater than 1, or 0
 	// to turn overload detection off. It needs the latencyP99 signal.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) == 0.0 || double(self) > 1.0",message="overloadLatencyRatio must be greater than 1, or 0 to turn overload detection off"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && (double(self) == 0.0 || double(self) > 1.0)",messageExpression="'overloadLatencyRatio must be a decimal greater than 1, such as 3, or 0 to turn overload detection off; got ' + self"
 	OverloadLatencyRatio *Decimal `json:"overloadLatencyRatio,omitempty"`
 }
 
@@ -150,11 +163,11 @@ type CapacityParameters struct {
 type CPUDistanceParameters struct {
 	// K scales the relative CPU distance into a weight change, in (0, 1].
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) > 0.0 && double(self) <= 1.0",message="k must be in (0, 1]"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && (double(self) > 0.0 && double(self) <= 1.0)",messageExpression="'k must be a decimal above 0 and at most 1, such as 0.5; got ' + self"
 	K *Decimal `json:"k,omitempty"`
 	// DeadBand is the relative CPU distance below which a weight is left alone, in [0, 1).
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="double(self) < 1.0",message="deadBand must be below 1"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) < 1.0",messageExpression="'deadBand must be a decimal of at least 0 and below 1, such as 0.05; got ' + self"
 	DeadBand *Decimal `json:"deadBand,omitempty"`
 }
 

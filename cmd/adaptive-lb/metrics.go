@@ -42,10 +42,11 @@ type metricsSourceFlags struct {
 	queryErrors, queryLatency string
 }
 
-// prefix names the flags ("" for metrics check, "tsdb-" for run).
-func addMetricsSourceFlags(fs *pflag.FlagSet, prefix string) *metricsSourceFlags {
+// prefix names the flags ("" for metrics check, "tsdb-" for run); urlNote ends the URL flag's
+// help with what an empty URL means to the command.
+func addMetricsSourceFlags(fs *pflag.FlagSet, prefix, urlNote string) *metricsSourceFlags {
 	f := &metricsSourceFlags{}
-	fs.StringVar(&f.url, prefix+"url", "", "base URL of the Prometheus-compatible query API, e.g. http://vmselect.monitoring:8481 (required)")
+	fs.StringVar(&f.url, prefix+"url", "", "base URL of the Prometheus-compatible query API, e.g. http://vmselect.monitoring:8481 "+urlNote)
 	fs.StringVar(&f.pathPrefix, prefix+"path-prefix", "", "path before /api/v1/query, e.g. /select/0/prometheus (VictoriaMetrics cluster) or /prometheus (Mimir)")
 	fs.DurationVar(&f.timeout, prefix+"timeout", metrics.DefaultTimeout, "timeout of each query")
 	fs.StringVar(&f.bearerTokenFile, prefix+"bearer-token-file", "", "file holding a bearer token; re-read when it changes")
@@ -153,7 +154,7 @@ with status 2 on invalid flags.`,
 			return runMetricsCheck(cmd.Context(), o, o.now, cmd.OutOrStdout())
 		},
 	}
-	o.source = addMetricsSourceFlags(cmd.Flags(), "")
+	o.source = addMetricsSourceFlags(cmd.Flags(), "", "(required)")
 	cmd.Flags().StringArrayVar(&o.namespaces, "namespace", nil, "namespace to check, repeatable (default: all)")
 	cmd.Flags().StringVar(&o.podRegex, "pod-regex", "", "only pods whose name matches this regex (PromQL =~ syntax)")
 	cmd.Flags().DurationVar(&o.window, "window", time.Minute, "rate window of the queries")

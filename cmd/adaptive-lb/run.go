@@ -27,11 +27,13 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
@@ -67,6 +69,7 @@ type runOptions struct {
 	endpointWeightMetrics   bool
 	allowQueryOverrides     bool
 	watchNamespaces         []string
+	logOutput               io.Writer // the command's stderr
 	source                  *metricsSourceFlags
 	sourceConfig            metrics.Config
 }
@@ -85,6 +88,7 @@ func newRunCmd() *cobra.Command {
 			if ctx == nil || ctx == context.Background() {
 				ctx = ctrl.SetupSignalHandler()
 			}
+			o.logOutput = cmd.ErrOrStderr()
 			return o.run(ctx)
 		},
 	}
@@ -112,7 +116,8 @@ func newRunCmd() *cobra.Command {
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
 	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
-	o.source = addMetricsSourceFlags(f, "tsdb-")
+	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
+	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
 	return cmd
 }
 
@@ -184,10 +189,12 @@ var errIstioCRDsMissing = errors.New("the ServiceEntry CRD (networking.istio.io/
 
 func (o *runOptions) run(ctx context.Context) error {
 	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
-	// Stack traces only for panics: an Error log here is an expected condition (an API server
-	// outage, a metrics failure), not a bug.
-	ctrl.SetLogger(zap.New(zap.UseDevMode(false), zap.Level(zapLevel(level)), zap.StacktraceLevel(zapcore.PanicLevel)))
-	logger := ctrl.Log.WithName("run")
+	base := installLogger(o.logOutput, zapLevel(level))
+	// The manager, its controllers and the weight cycle log through base (the manager's Logger
+	// option and the context), not through the process-wide default, which only the first call
+	// of SetLogger sets.
+	ctx = log.IntoContext(ctx, base)
+	logger := base.WithName("run")
 	if soft := setMemoryLimitFromCgroup(cgroupMemoryMax); soft > 0 {
 		logger.Info("Go memory limit set from the container's", "bytes", soft)
 	}
@@ -233,7 +240,7 @@ func (o *runOptions) run(ctx context.Context) error {
 	rejoining := false
 	wait := o.retryPeriod
 	for {
-		err := o.runManager(ctx, cfg, scheme, shared, logger)
+		err := o.runManager(ctx, cfg, scheme, shared, base, logger)
 		switch {
 		case ctx.Err() != nil:
 			return err
@@ -280,7 +287,7 @@ func isLeadershipLost(err error) bool {
 
 // runManager builds one controller manager with the mirror and the weight cycle and runs it
 // until ctx ends or it stops on its own (for example after losing the leader lease).
-func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, shared sharedParts, logger logr.Logger) error {
+func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, shared sharedParts, base, logger logr.Logger) error {
 	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics}
 	if o.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
@@ -310,6 +317,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                              scheme,
+		Logger:                              base,
 		MapperProvider:                      func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
 		Cache:                               controller.CacheOptions(o.watchNamespaces...),
 		Metrics:                             metricsOpts,
@@ -332,9 +340,11 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	versions := &controller.ServiceEntryVersions{}
 	activity := &controller.Activity{}
+	membership := controller.NewMembership(clock.RealClock{})
 	r := &controller.AdaptiveLoadBalancerReconciler{
 		Activity:      activity,
 		Versions:      versions,
+		Membership:    membership,
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
@@ -351,7 +361,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
-			Versions: versions, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
+			Versions: versions, Membership: membership, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)
@@ -498,3 +508,18 @@ func requireServiceEntryCRD(mapper meta.RESTMapper) error {
 }
 
 func zapLevel(l int) zapcore.Level { return zapcore.Level(l) }
+
+// installLogger builds the operator's logger: JSON lines on w at level, stack traces only for
+// panics (an Error log here is an expected condition such as an API server outage, not a bug).
+// It also becomes the logger of controller-runtime's packages and of klog, through which
+// client-go (leader election, informers) logs, so every line the process writes is JSON.
+func installLogger(w io.Writer, level zapcore.Level) logr.Logger {
+	if w == nil {
+		w = io.Discard
+	}
+	// Locked: the manager, the informers and klog write from many goroutines.
+	logger := zap.New(zap.WriteTo(zapcore.Lock(zapcore.AddSync(w))), zap.UseDevMode(false), zap.Level(level), zap.StacktraceLevel(zapcore.PanicLevel))
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+	return logger
+}

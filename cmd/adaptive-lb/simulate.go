@@ -38,8 +38,10 @@ type simulateReport struct {
 	Results  []*sim.Result `json:"results"`
 }
 
-func newSimulateCmd() *cobra.Command {
-	o := &simulateOptions{}
+func newSimulateCmd() *cobra.Command { return newSimulateCmdFor(&simulateOptions{}) }
+
+// newSimulateCmdFor binds the command to o, so tests can inspect the parsed options.
+func newSimulateCmdFor(o *simulateOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "simulate",
 		Short: "Simulate Envoy balancing with and without adaptive-lb on a heterogeneous fleet",
@@ -66,8 +68,9 @@ experiment: 15 pods computing fib(25..29) under 1,500 rps.`,
 	f.StringVar(&o.plotFile, "plot", "", "write latency and weights over time to this .png or .svg file")
 	f.Int64Var(&o.seed, "seed", 0, "random seed (default: the scenario's)")
 	f.DurationVar(&o.duration, "duration", 0, "simulated duration (default: the scenario's)")
-	f.DurationVar(&o.warmup, "warmup", -1, "simulated warm-up excluded from statistics (default: the scenario's)")
-	f.BoolVar(&o.progress, "progress", isTerminal(os.Stderr), "show progress on stderr (default: when stderr is a terminal)")
+	// Unset flags are told apart with Changed, not with sentinel defaults, which --help would print.
+	f.DurationVar(&o.warmup, "warmup", 0, "simulated warm-up excluded from statistics (default: the scenario's)")
+	f.BoolVar(&o.progress, "progress", false, "show progress on stderr (default: when stderr is a terminal)")
 	return cmd
 }
 
@@ -95,8 +98,14 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 	if o.duration != 0 {
 		o.scenario.Duration.Duration = o.duration
 	}
-	if o.warmup >= 0 {
+	if cmd.Flags().Changed("warmup") {
+		if o.warmup < 0 {
+			return newUsageError("--warmup %v must not be negative", o.warmup)
+		}
 		o.scenario.Warmup.Duration = o.warmup
+	}
+	if !cmd.Flags().Changed("progress") {
+		o.progress = isTerminal(os.Stderr)
 	}
 	if o.scenario.Duration.Duration <= 0 {
 		return newUsageError("--duration %v must be positive", o.scenario.Duration.Duration)

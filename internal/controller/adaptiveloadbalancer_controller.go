@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 	apinetworkingv1 "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -73,8 +74,11 @@ type AdaptiveLoadBalancerReconciler struct {
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
 	// Versions are the ServiceEntry versions this operator wrote, shared with the weight cycle;
 	// SetupWithManager creates them if nil.
-	Versions  *ServiceEntryVersions
-	apiReader client.Reader // uncached reads, when the cache and the remembered version disagree
+	Versions *ServiceEntryVersions
+	// Membership records the endpoints each written ServiceEntry lists, shared with the weight
+	// cycle; nil records nothing.
+	Membership *Membership
+	apiReader  client.Reader // uncached reads, when the cache and the remembered version disagree
 	// observePropagation, when set (benchmarks), also receives every propagation delay exactly.
 	observePropagation func(time.Duration)
 }
@@ -120,6 +124,9 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 	ctx = log.IntoContext(ctx, logger)
 
 	outcome, err := r.mirror(ctx, alb)
+	if err == nil {
+		logNotServed(logger, alb, outcome)
+	}
 	if err != nil {
 		if tracked {
 			r.propagation.restore(req.NamespacedName, eventAt)
@@ -127,7 +134,19 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 		r.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
 		outcome = mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: err.Error(), keepEndpoints: true}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
-	} else if tracked {
+	} else {
+		// What the ServiceEntry now lists, for the weight cycle's per-endpoint time in it.
+		if outcome.status == metav1.ConditionTrue {
+			eps := make([]MemberEndpoint, len(outcome.endpoints))
+			for i, e := range outcome.endpoints {
+				eps[i] = MemberEndpoint{IP: e.IP, Pod: e.Pod, Weight: e.Weight}
+			}
+			r.Membership.Observe(req.NamespacedName, eps)
+		} else {
+			r.Membership.Forget(req.NamespacedName)
+		}
+	}
+	if err == nil && tracked {
 		d := r.Clock.Since(eventAt)
 		r.Metrics.EndpointPropagation.Observe(d.Seconds())
 		if r.observePropagation != nil {
@@ -175,7 +194,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, svc)
 	if apierrors.IsNotFound(err) {
 		// A ServiceEntry for a Service that is gone would keep routing to pods that are gone too.
-		if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+		if err := r.deleteOwnedServiceEntry(ctx, alb, adlbv1.ReasonTargetNotFound); err != nil {
 			return mirrorOutcome{}, err
 		}
 		msg := fmt.Sprintf("Service %s/%s not found; create it or fix spec.targetRef.name", alb.Namespace, alb.Spec.TargetRef.Name)
@@ -186,7 +205,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 		return mirrorOutcome{}, fmt.Errorf("get Service %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
 	if err := istio.CheckSupported(svc); err != nil {
-		if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+		if err := r.deleteOwnedServiceEntry(ctx, alb, adlbv1.ReasonUnsupported); err != nil {
 			return mirrorOutcome{}, err
 		}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventUnsupported, err.Error())
@@ -240,6 +259,11 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		reason := adlbv1.ReasonUnsupported
 		if errors.Is(err, istio.ErrNoPorts) {
 			reason = adlbv1.ReasonNoPorts
+		}
+		// The ServiceEntry written before the change would stop following the endpoints: a
+		// frozen copy routes to pods that are gone, so it goes.
+		if delErr := r.deleteOwnedServiceEntry(ctx, alb, reason); delErr != nil {
+			return mirrorOutcome{}, delErr
 		}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, reason, err.Error())
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
@@ -359,7 +383,10 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 			}
 		}
 	}
-	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes)
+	recent := func(ip, pod string) (uint32, bool) {
+		return r.Membership.RecentWeight(client.ObjectKeyFromObject(alb), ip, pod)
+	}
+	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes, recent)
 	return in, nil
 }
 
@@ -371,9 +398,11 @@ const InstanceTypeLabel = "node.kubernetes.io/instance-type"
 // gets the median weight of the pods already weighted on nodes of its instance type (the same
 // hardware serves at the same speed; a pod replaced in a rolling restart thus starts near its
 // predecessor's weight instead of overloading a slow machine for a window), or the median of all
-// current weights when it has no such peer. In DryRun, and before any weight cycle, all weights
-// are equal.
-func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod, nodes map[string]*corev1.Node) (map[string]uint32, uint32) {
+// current weights when it has no such peer. A pod that left the ServiceEntry moments ago (its
+// readiness flapped) returns at the weight it had (recent, may be nil). In DryRun, and before
+// any weight cycle, all weights are equal.
+func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod, nodes map[string]*corev1.Node,
+	recent func(ip, pod string) (uint32, bool)) (map[string]uint32, uint32) {
 	equal := uint32(EqualWeight(alb))
 	if existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun {
 		return nil, equal
@@ -404,6 +433,16 @@ func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.Ser
 				if t := instanceType(pod); t != "" {
 					byType[t] = append(byType[t], w)
 				}
+			}
+		}
+	}
+	for name, pod := range pods {
+		if _, weighted := out[name]; weighted || recent == nil {
+			continue
+		}
+		for _, ip := range podIPs(pod) {
+			if w, ok := recent(ip, name); ok {
+				out[name] = w
 			}
 		}
 	}
@@ -465,6 +504,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		r.Versions.remember(se)
 		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
+		log.FromContext(ctx).Info("ServiceEntry created", "serviceEntry", client.ObjectKeyFromObject(se), "endpoints", len(spec.Endpoints), "writeReason", reason)
 		return nil
 	}
 	if upToDate(existing, spec) {
@@ -485,10 +525,13 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	}
 	r.Versions.remember(updated)
 	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
+	log.FromContext(ctx).Info("ServiceEntry updated", "serviceEntry", client.ObjectKeyFromObject(updated), "endpoints", len(spec.Endpoints), "writeReason", reason)
 	return nil
 }
 
-func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) error {
+// deleteOwnedServiceEntry removes the ServiceEntry this AdaptiveLoadBalancer owns, if any, because
+// of reason (a condition reason: why the Service cannot be mirrored).
+func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, reason string) error {
 	se := &networkingv1.ServiceEntry{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se)
 	if apierrors.IsNotFound(err) {
@@ -497,7 +540,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 	if err != nil {
 		return fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
-	return r.deleteServiceEntry(ctx, alb, se, "its Service cannot be mirrored")
+	return r.deleteServiceEntry(ctx, alb, se, fmt.Sprintf("its Service cannot be mirrored (%s)", reason))
 }
 
 // deleteServiceEntry deletes se if alb controls it; why completes the event's message.
@@ -510,6 +553,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteServiceEntry(ctx context.Context,
 	}
 	r.Versions.forget(client.ObjectKeyFromObject(se))
 	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: %s", se.Name, why)
+	log.FromContext(ctx).Info("ServiceEntry deleted; traffic falls back to the Kubernetes endpoints", "serviceEntry", client.ObjectKeyFromObject(se), "why", why)
 	return nil
 }
 
@@ -547,6 +591,21 @@ func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
 	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)
 }
 
+// logNotServed logs, once per change, why an AdaptiveLoadBalancer is not served (a conflict, a
+// ServiceEntry it does not own, an unsupported or missing Service): these outcomes repeat on
+// every reconcile, and only the change of reason or message is news. The previous outcome is
+// the EndpointsMirrored condition, which only this reconciler sets.
+func logNotServed(logger logr.Logger, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) {
+	if o.status != metav1.ConditionFalse {
+		return
+	}
+	prev := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored)
+	if prev != nil && prev.Reason == o.reason && prev.Message == o.message {
+		return
+	}
+	logger.Info("AdaptiveLoadBalancer not served", "reason", o.reason, "message", o.message)
+}
+
 // writeStatus computes the mirror's part of the status (see status.go for who owns what) and
 // writes it once, only if it changed, under an optimistic lock. A change of the endpoint list
 // alone is written at most once per statusEndpointInterval; it then returns how long to wait
@@ -569,10 +628,13 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		// The mirror decides whether a ServiceEntry exists, so it alone says NoServiceEntry,
 		// and replaces that (or an absent condition) by the equal-weights placeholder once the
 		// ServiceEntry is written. Every other WeightsApplied value comes from the weight cycle.
+		// A spec change also refreshes a condition that only states the mode (equal weights,
+		// DryRun, Frozen): without a TSDB no weight cycle runs to do it.
 		switch c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); {
 		case o.status != metav1.ConditionTrue && o.reason != adlbv1.ReasonWriteFailed:
 			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, false))
-		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry):
+		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry ||
+			(c.ObservedGeneration != gen && modeOnlyReason(c.Reason))):
 			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, true))
 		}
 		if !o.keepEndpoints {
@@ -613,6 +675,11 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		r.lastStatusWrite.Store(key, r.Clock.Now())
 	}
 	return max(wait, 0), nil
+}
+
+// modeOnlyReason reports whether a WeightsApplied reason follows from the mode alone.
+func modeOnlyReason(reason string) bool {
+	return reason == adlbv1.ReasonEqualWeights || reason == adlbv1.ReasonDryRun || reason == adlbv1.ReasonFrozen
 }
 
 // placeholderWeightsCondition is WeightsApplied before the weight cycle has reported: equal

@@ -434,3 +434,54 @@ func TestMirror_RestoresItsLabelAfterAForeignEdit(t *testing.T) {
 	f.slice("web", "web-x", ready("web-1", "10.7.0.1"), ready("web-2", "10.7.0.2"))
 	f.waitForAddresses("web", "10.7.0.1", "10.7.0.2")
 }
+
+// A ServiceEntry that can no longer follow its Service (a port selection that matches nothing,
+// a port that lost its name) would freeze the old endpoints; it is removed instead, and comes
+// back when the spec or the Service is fixed.
+func TestMirror_NoPortsOrAnUnnamedPortRemovesTheServiceEntry(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.7.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.7.0.1"))
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.7.0.1")
+	gone := func(what string) {
+		t.Helper()
+		f.eventually(what, func() error {
+			if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("the ServiceEntry is still there (err %v)", err)
+			}
+			return nil
+		})
+	}
+
+	setPorts := func(ports []int32) {
+		t.Helper()
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
+			t.Fatal(err)
+		}
+		a.Spec.Ports = ports
+		if err := k8s.Update(f.ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPorts([]int32{12345})
+	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonNoPorts)
+	gone("a port selection that matches none of the Service's ports removes the ServiceEntry")
+	setPorts(nil)
+	f.waitForAddresses("web", "10.7.0.1")
+
+	svc := &corev1.Service{}
+	if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.Ports = svc.Spec.Ports[:1]
+	svc.Spec.Ports[0].Name = ""
+	if err := k8s.Update(f.ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonUnsupported)
+	gone("a Service port without a name removes the ServiceEntry")
+}

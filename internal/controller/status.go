@@ -22,8 +22,10 @@ import (
 //     (and weight in DryRun): the weight cycle. Two exceptions, both tied to the ServiceEntry's
 //     existence, which the reconciler decides: it sets WeightsApplied=False NoServiceEntry when
 //     there is no ServiceEntry (Unsupported, NoPorts, TargetNotFound, Conflict, not owned), and
-//     the equal-weights placeholder when it has just written one; it adds the MetricsAvailable
-//     placeholder while that condition is absent;
+//     the placeholder that only states the mode (EqualWeights, DryRun, Frozen) when it has just
+//     written one or when the spec changed and the condition only stated the old mode (without
+//     a TSDB no cycle runs to do it); it adds the MetricsAvailable placeholder while that
+//     condition is absent;
 //   - Ready is derived: every writer recomputes it from the other three as it writes.
 //
 // Every write is a read-modify-write under an optimistic lock (the patch carries the

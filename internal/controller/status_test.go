@@ -174,3 +174,66 @@ func TestReadyCondition_SummarisesTheOthers(t *testing.T) {
 		})
 	}
 }
+
+// Issue 13.6: a new leader rebuilds the hold state from the status the previous one wrote.
+func TestSeedState_ContinuesThePreviousLeadersHold(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	began := metav1.NewTime(now.Add(-time.Minute))
+	with := func(conds ...metav1.Condition) *adlbv1.AdaptiveLoadBalancer {
+		return &adlbv1.AdaptiveLoadBalancer{Status: adlbv1.AdaptiveLoadBalancerStatus{Conditions: conds}}
+	}
+	metricsCond := func(status metav1.ConditionStatus, reason string) metav1.Condition {
+		return metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: status, Reason: reason, LastTransitionTime: began}
+	}
+	cases := map[string]struct {
+		alb          *adlbv1.AdaptiveLoadBalancer
+		wantLastGood time.Time
+		wantFallback bool
+	}{
+		"metrics good: the hold starts at the first failure from now": {with(metricsCond(metav1.ConditionTrue, adlbv1.ReasonMetricsOK)), now, false},
+		"an outage in progress continues from its start":              {with(metricsCond(metav1.ConditionFalse, adlbv1.ReasonMetricsFailed)), began.Add(-30 * time.Second), false},
+		"a fallback stays a fallback": {with(metricsCond(metav1.ConditionFalse, adlbv1.ReasonMetricsFailed),
+			metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonFallback}), time.Time{}, true},
+		"never fetched: nothing to hold": {with(metricsCond(metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics)), time.Time{}, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			st := seedState(tc.alb, now, 30*time.Second)
+			if !st.LastGoodMetrics.Equal(tc.wantLastGood) || st.FallenBack != tc.wantFallback {
+				t.Errorf("state %+v, want last good %v, fallen back %v", st, tc.wantLastGood, tc.wantFallback)
+			}
+		})
+	}
+}
+
+// Without a TSDB no weight cycle runs: a mode change must still show in WeightsApplied, which
+// then only states the mode.
+func TestStatus_ModeChangesShowWithoutAWeightCycle(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.42.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.42.0.1"))
+	f.alb("web", "web")
+	f.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonEqualWeights)
+	for _, step := range []struct {
+		mode   adlbv1.Mode
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{adlbv1.ModeDryRun, metav1.ConditionFalse, adlbv1.ReasonDryRun},
+		{adlbv1.ModeFrozen, metav1.ConditionTrue, adlbv1.ReasonFrozen},
+		{adlbv1.ModeActive, metav1.ConditionTrue, adlbv1.ReasonEqualWeights},
+	} {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
+			t.Fatal(err)
+		}
+		a.Spec.Mode = step.mode
+		if err := k8s.Update(f.ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		f.waitForCondition("web", adlbv1.ConditionWeightsApplied, step.status, step.reason)
+		f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	uzap "go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -42,8 +44,13 @@ var (
 	operatorClient client.Client
 	// sharedVersions are the mirror's ServiceEntry versions; the weight cycles under test share them, as in the operator.
 	sharedVersions = &ServiceEntryVersions{}
+	// sharedMembership is the mirror's record of endpoint membership, shared the same way; a
+	// weight-cycle test stamps it with its own fake clock.
+	sharedMembership = NewMembership(nil)
 	// propagationSamples collects exact propagation delays while a benchmark records them.
 	propagationSamples = &delayRecorder{}
+	// suiteReconciler is the operator's reconciler, for tests that call Reconcile directly.
+	suiteReconciler *AdaptiveLoadBalancerReconciler
 )
 
 // seWriteCounter counts the operator's create/update/patch/delete calls on ServiceEntries at the
@@ -101,7 +108,9 @@ func TestMain(m *testing.M) {
 }
 
 func runSuite(m *testing.M) int {
-	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(false), zap.Level(zapLevel())))
+	// The suite's log shows errors only; operatorLogs sees info lines too, while a test captures.
+	logf.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(false), zap.Level(zapLevel()),
+		zap.RawZapOpts(uzap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewTee(c, operatorLogs.core()) }))))
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		envSkipCause = "KUBEBUILDER_ASSETS is not set: run `make test`, which builds kube-apiserver and etcd"
 		return m.Run()
@@ -163,6 +172,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	operatorClient = mgr.GetClient()
 	r := &AdaptiveLoadBalancerReconciler{
 		Versions:      sharedVersions,
+		Membership:    sharedMembership,
 		Client:        mgr.GetClient(),
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
@@ -171,6 +181,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		MaxEndpoints:  suiteMaxEndpoints,
 	}
 	r.observePropagation = propagationSamples.add
+	suiteReconciler = r
 	if err := r.SetupWithManager(ctx, mgr, benchWorkers()); err != nil {
 		return fmt.Errorf("set up reconciler: %w", err)
 	}

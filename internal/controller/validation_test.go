@@ -1,60 +1,61 @@
 package controller
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
 
+// Every rejection names the field, what was wrong and what is allowed, as the API server
+// returns it to kubectl; none is a bare type conversion error.
 func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 	f := newFixture(t)
-	dec := func(s string) *adlbv1.Decimal { d := adlbv1.Decimal(s); return &d }
+	long := strings.Repeat("x", 4097)
 	cases := map[string]struct {
-		mutate func(*adlbv1.AdaptiveLoadBalancer)
-		want   string
+		spec string // JSON merged over {"targetRef":{"name":"web"}}
+		want string
 	}{
-		"minWeight below 1": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.MinWeight = ptr.To[int32](0) }, "spec.minWeight: Invalid value: 0: spec.minWeight in body should be greater than or equal to 1"},
-		"minWeight above maxWeight": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.MinWeight, a.Spec.MaxWeight = ptr.To[int32](500), ptr.To[int32](100)
-		}, "minWeight must not exceed maxWeight"},
-		"interval too short": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: 1e9} }, "interval must be between 5s and 10m"},
-		"interval too long":  {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: 20 * 60e9} }, "interval must be between 5s and 10m"},
-		"unknown algorithm":  {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Algorithm = "fastest" }, `spec.algorithm: Unsupported value: "fastest": supported values: "capacity", "cpu-distance"`},
-		"unknown mode":       {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Mode = "Sometimes" }, `spec.mode: Unsupported value: "Sometimes"`},
-		"gain above 1": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.Capacity = &adlbv1.CapacityParameters{Gain: dec("1.5")}
-		}, "gain must be in (0, 1]"},
-		"an overload ratio of 1": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.Capacity = &adlbv1.CapacityParameters{OverloadLatencyRatio: dec("1")}
-		}, "overloadLatencyRatio must be greater than 1, or 0 to turn overload detection off"},
-		"not a decimal": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.Capacity = &adlbv1.CapacityParameters{DeadBand: dec("five")}
-		}, "spec.capacity.deadBand: Invalid value"},
-		"k of zero": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.CPUDistance = &adlbv1.CPUDistanceParameters{K: dec("0")}
-		}, "k must be in (0, 1]"},
-		"minWeight alone above the default maxWeight": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.MinWeight = ptr.To[int32](5000) },
-			"minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"},
-		"maxWeight alone below cpu-distance's default minWeight": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.Algorithm, a.Spec.MaxWeight = adlbv1.AlgorithmCPUDistance, ptr.To[int32](50)
-		}, "maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"},
-		"minWeight alone above cpu-distance's default maxWeight": {func(a *adlbv1.AdaptiveLoadBalancer) {
-			a.Spec.Algorithm, a.Spec.MinWeight = adlbv1.AlgorithmCPUDistance, ptr.To[int32](700)
-		}, "minWeight exceeds the algorithm's default maxWeight"},
-		"missing target":      {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "" }, "spec.targetRef.name"},
-		"invalid target name": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.TargetRef.Name = "Web_Server" }, "spec.targetRef.name: Invalid value"},
+		"interval that is not a duration":             {`{"interval":"soon"}`, "spec.interval: Invalid value: \"soon\": interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got soon"},
+		"interval without a unit":                     {`{"interval":"30"}`, "interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got 30"},
+		"interval too short":                          {`{"interval":"1s"}`, "interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got 1s"},
+		"interval too long":                           {`{"interval":"20m"}`, "interval must be a duration between 5s and 10m"},
+		"port 0":                                      {`{"ports":[80,0]}`, "spec.ports[1]: Invalid value: 0: spec.ports[1] in body should be greater than or equal to 1"},
+		"port above 65535":                            {`{"ports":[70000]}`, "spec.ports[0]: Invalid value: 70000: spec.ports[0] in body should be less than or equal to 65535"},
+		"minWeight below 1":                           {`{"minWeight":0}`, "spec.minWeight: Invalid value: 0: spec.minWeight in body should be greater than or equal to 1"},
+		"maxWeight above the limit":                   {`{"maxWeight":2000000}`, "spec.maxWeight in body should be less than or equal to 1000000"},
+		"minWeight above maxWeight":                   {`{"minWeight":500,"maxWeight":100}`, "minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"},
+		"unknown algorithm":                           {`{"algorithm":"fastest"}`, `spec.algorithm: Unsupported value: "fastest": supported values: "capacity", "cpu-distance"`},
+		"unknown mode":                                {`{"mode":"Sometimes"}`, `spec.mode: Unsupported value: "Sometimes": supported values: "Active", "DryRun"`},
+		"gain above 1":                                {`{"capacity":{"gain":"1.5"}}`, "spec.capacity.gain: Invalid value: \"1.5\": gain must be a decimal above 0 and at most 1, such as 0.5; got 1.5"},
+		"gain that is not a number":                   {`{"capacity":{"gain":"five"}}`, "spec.capacity.gain: Invalid value: \"five\": gain must be a decimal above 0 and at most 1, such as 0.5; got five"},
+		"negative deadBand":                           {`{"capacity":{"deadBand":"-0.1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got -0.1"},
+		"deadBand of 1":                               {`{"capacity":{"deadBand":"1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got 1"},
+		"maxStepRatio of 1":                           {`{"capacity":{"maxStepRatio":"1"}}`, "maxStepRatio must be a decimal greater than 1, such as 2; got 1"},
+		"maxWeightRatio below 1":                      {`{"capacity":{"maxWeightRatio":"0.5"}}`, "maxWeightRatio must be a decimal of at least 1, such as 10; got 0.5"},
+		"planningLoadFactor below 1":                  {`{"capacity":{"planningLoadFactor":"0.9"}}`, "planningLoadFactor must be a decimal of at least 1, such as 1.2; got 0.9"},
+		"an overload ratio of 1":                      {`{"capacity":{"overloadLatencyRatio":"1"}}`, "overloadLatencyRatio must be a decimal greater than 1, such as 3, or 0 to turn overload detection off; got 1"},
+		"minRequestRate not a number":                 {`{"capacity":{"minRequestRate":"1e3"}}`, "spec.capacity.minRequestRate: Invalid value: \"1e3\": minRequestRate must be a non-negative decimal number written as a string, such as 0.5; got 1e3"},
+		"k of zero":                                   {`{"cpuDistance":{"k":"0"}}`, "k must be a decimal above 0 and at most 1, such as 0.5; got 0"},
+		"cpu-distance deadBand of 2":                  {`{"cpuDistance":{"deadBand":"2"}}`, "spec.cpuDistance.deadBand: Invalid value: \"2\": deadBand must be a decimal of at least 0 and below 1"},
+		"missing target":                              {`{"targetRef":null}`, "spec.targetRef: Required value"},
+		"empty target name":                           {`{"targetRef":{"name":""}}`, "spec.targetRef.name in body should be at least 1 chars long"},
+		"invalid target name":                         {`{"targetRef":{"name":"Web_Server"}}`, "targetRef.name must name a Service in this namespace: lowercase letters, digits and -, starting with a letter and ending with a letter or digit; got Web_Server"},
+		"invalid exportTo":                            {`{"exportTo":["shop","Not A Namespace"]}`, "exportTo entries must be '.' (this namespace), '*' (every namespace), '~' (none) or a namespace name"},
+		"query too long":                              {`{"metrics":{"queries":{"cpu":"` + long + `"}}}`, "spec.metrics.queries.cpu: Too long: may not be more than 4096 bytes"},
+		"minWeight alone above the default maxWeight": {`{"minWeight":5000}`, "minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"},
+		"maxWeight alone below cpu-distance's default minWeight": {`{"algorithm":"cpu-distance","maxWeight":50}`, "maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"},
+		"minWeight alone above cpu-distance's default maxWeight": {`{"algorithm":"cpu-distance","minWeight":700}`, "minWeight exceeds the algorithm's default maxWeight"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			a := &adlbv1.AdaptiveLoadBalancer{
-				ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: f.ns},
-				Spec:       adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"}},
-			}
-			tc.mutate(a)
+			a := rawALB(t, f.ns, "bad", tc.spec)
 			err := k8s.Create(f.ctx, a)
 			if err == nil {
 				_ = k8s.Delete(f.ctx, a)
@@ -63,10 +64,25 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %q lacks %q", err.Error(), tc.want)
 			}
+			if strings.Contains(err.Error(), "conversion error") {
+				t.Fatalf("error %q carries a type conversion error instead of what is allowed", err.Error())
+			}
 		})
 	}
 
+	// The allowed forms the messages name are accepted.
+	for i, spec := range []string{
+		`{"interval":"1m30s","ports":[1,80,65535],"exportTo":[".","*","~","shop-2"]}`,
+		`{"interval":"5s","capacity":{"gain":"1","deadBand":"0","overloadLatencyRatio":"0","minRequestRate":"0.5"}}`,
+		`{"interval":"10m","cpuDistance":{"k":"0.5","deadBand":"0.05"}}`,
+	} {
+		if err := k8s.Create(f.ctx, rawALB(t, f.ns, fmt.Sprintf("allowed-%d", i), spec)); err != nil {
+			t.Errorf("allowed spec %s rejected: %v", spec, err)
+		}
+	}
+
 	// A valid spec is accepted and defaulted.
+	dec := func(s string) *adlbv1.Decimal { d := adlbv1.Decimal(s); return &d }
 	ok := &adlbv1.AdaptiveLoadBalancer{
 		ObjectMeta: metav1.ObjectMeta{Name: "good", Namespace: f.ns},
 		Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"},
@@ -102,4 +118,27 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// rawALB builds an AdaptiveLoadBalancer from JSON, so a test can send what the typed client
+// cannot express (a duration that does not parse, a null field).
+func rawALB(t *testing.T, ns, name, specJSON string) *unstructured.Unstructured {
+	t.Helper()
+	spec := map[string]any{"targetRef": map[string]any{"name": "web"}}
+	patch := map[string]any{}
+	if err := json.Unmarshal([]byte(specJSON), &patch); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range patch {
+		if v == nil {
+			delete(spec, k)
+			continue
+		}
+		spec[k] = v
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetGroupVersionKind(adlbv1.GroupVersion.WithKind("AdaptiveLoadBalancer"))
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return u
 }

@@ -104,6 +104,9 @@ type WeightCycle struct {
 	// weight write based on the cache alone would conflict with the mirror's last write under
 	// endpoint churn. Nil: the cycle keeps its own.
 	Versions *ServiceEntryVersions
+	// Membership is the mirror's record of when each endpoint was in its ServiceEntry; the
+	// cycle counts an endpoint's signals over that time only. Nil: the whole window.
+	Membership *Membership
 	// Activity, if set, counts cycles under way; once it is closed none starts.
 	Activity *Activity
 	// AllowQueryOverrides lets spec.metrics.queries replace the operator's queries. Off, they are
@@ -220,7 +223,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	var targets []cycle.Target
 	for _, d := range due {
-		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key])
+		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
 		targets = append(targets, d.observed)
 	}
 	prev := map[string]cycle.State{}
@@ -302,7 +305,8 @@ func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Du
 	m := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable)
 	switch {
 	case m == nil:
-	case m.Status == metav1.ConditionTrue:
+	case m.Status == metav1.ConditionTrue || m.Reason == adlbv1.ReasonQueryFailed:
+		// QueryFailed: an optional signal failed, the ones the engine needs were good.
 		st.LastGoodMetrics = now
 	case m.Reason == adlbv1.ReasonMetricsFailed || m.Reason == adlbv1.ReasonMetricsStale:
 		// The condition turned False at the first failed cycle, one interval after the last good one.
@@ -358,6 +362,11 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 	w.forgetGone(list.Items)
 	var due []*dueTarget
 	var idle []idleTarget
+	present := make(map[types.NamespacedName]bool, len(list.Items))
+	for i := range list.Items {
+		present[client.ObjectKeyFromObject(&list.Items[i])] = true
+	}
+	w.Membership.Retain(present) // forgetGone above dropped the cycle's own state
 	nodeTypes := map[string]string{}
 	for i := range list.Items {
 		alb := &list.Items[i]
@@ -628,6 +637,10 @@ type metricsHealth struct {
 	detail []string
 }
 
+// minMembershipShare is the share of the metrics window an endpoint must have spent in the
+// ServiceEntry for its signals to count; below it the endpoint is treated as without metrics.
+const minMembershipShare = 0.5
+
 // neededSignals are the signals the weight engine cannot do without: the CPU cost per request
 // needs both. Error rate and latency only refine it.
 var neededSignals = []metrics.Signal{metrics.SignalCPU, metrics.SignalRequestRate}
@@ -644,7 +657,7 @@ func queryFailure(err error) bool {
 // target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A metrics
 // outage, for the hold/fallback policy, is "no pod has every signal the algorithm needs": one
 // missing signal (only the Istio series, or only CPU) is as much an outage as a TSDB down.
-func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool) (cycle.Target, metricsHealth) {
+func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool, membership *Membership) (cycle.Target, metricsHealth) {
 	t := cycle.Target{
 		Key:        d.key.String(),
 		Settings:   d.settings,
@@ -728,9 +741,16 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		} else if stale {
 			h.stale++
 		}
+		// Only the time in the ServiceEntry counts: a pod out of it for part of the window
+		// (readiness flapping, just joined) served nothing then, which is no sign of spare
+		// capacity. Its rates are taken over its time in; too little time in says too little.
+		inWindow := membership.Share(d.key, ip, now.Add(-window), now)
+		if inWindow < 1 && inWindow >= minMembershipShare {
+			ep.CPUCores, ep.RequestRate, ep.ErrorRate = ep.CPUCores/inWindow, ep.RequestRate/inWindow, ep.ErrorRate/inWindow
+		}
 		// A pod still in its DestinationRule warm-up keeps its weight: Envoy is ramping its
 		// traffic up, so its signals say nothing about its capacity yet.
-		ep.HasMetrics = complete && !warming
+		ep.HasMetrics = complete && !warming && inWindow >= minMembershipShare
 		t.Endpoints = append(t.Endpoints, ep)
 	}
 	for _, sig := range metrics.Signals {
@@ -813,6 +833,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
 	w.Versions.remember(se)
+	w.Membership.Weighted(d.key, next)
 	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
 	return nil
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -16,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
@@ -47,6 +51,13 @@ func (lf *loopFixture) weightsOf(name string) map[string]int {
 		out[e.Address] = int(e.Weight)
 	}
 	return out
+}
+
+// useCapacity pins the capacity algorithm: these tests reason about its feedback on traffic
+// shares, whatever the CRD's default algorithm is.
+func (lf *loopFixture) useCapacity() {
+	lf.t.Helper()
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Algorithm = adlbv1.AlgorithmCapacity })
 }
 
 // updateALB changes the spec and waits until the operator's cache has the new generation.
@@ -91,6 +102,7 @@ func endpointReason(a *adlbv1.AdaptiveLoadBalancer, ip string) string {
 // must be weighted by its own queries' results: the fetch keys results by (queries, pod).
 func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
 	var eps []sliceEndpoint
 	for i, ip := range lf.ips {
@@ -98,6 +110,7 @@ func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
 	}
 	lf.slice("api", "api-x", eps...)
 	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Algorithm = adlbv1.AlgorithmCapacity
 		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
 		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{
 			CPU: `sum by (namespace, pod) (rate(app_cpu_seconds_total{namespace=~"{{.Namespaces}}", pod=~"{{.Pods}}"}[{{.Window}}]))`}}
@@ -149,6 +162,7 @@ func withInstanceTypes(f *fixture) func(i int) []func(*corev1.Pod) {
 func TestWeightCycle_APodWithoutMetricsKeepsItsWeightOrTakesItsInstanceTypesMedian(t *testing.T) {
 	requireVM(t)
 	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	if rep := lf.run(); lf.wrote(rep) != 1 {
 		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
@@ -215,6 +229,7 @@ func newFixtureFor(t *testing.T) *fixture {
 // the status keeps the weights and the lastWeightWrite the ServiceEntry really has.
 func TestWeightCycle_AFailedWeightWriteIsNotReportedAsApplied(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	applied := lf.weights()
@@ -262,6 +277,7 @@ func TestWeightCycle_AFailedWeightWriteIsNotReportedAsApplied(t *testing.T) {
 // that is an outage, so the last weights are held, not reset to equal at once.
 func TestWeightCycle_OneMissingSignalIsAnOutage(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	adapted := lf.weights()
@@ -286,6 +302,7 @@ func TestWeightCycle_OneMissingSignalIsAnOutage(t *testing.T) {
 // MetricsAvailable False, while the weights still use the signals that work.
 func TestWeightCycle_AQueryFailingForEveryPodIsReported(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
 		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{LatencyP99: `histogram_quantile(0.99, sum by (le) (`}}
 	})
@@ -307,6 +324,7 @@ func TestWeightCycle_AQueryFailingForEveryPodIsReported(t *testing.T) {
 // and what to change.
 func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	// Samples up to the wall clock's now, evaluated now: within VictoriaMetrics' latency offset.
 	lf.clock = clocktesting.NewFakeClock(time.Now().Truncate(time.Second))
 	lf.loop.Clock = lf.clock
@@ -328,6 +346,7 @@ func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
 // old one started (seeded from status) instead of resetting the weights at once.
 func TestWeightCycle_FailoverDuringAnOutageKeepsHolding(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	adapted := lf.weights()
@@ -366,6 +385,7 @@ func TestWeightCycle_FailoverDuringAnOutageKeepsHolding(t *testing.T) {
 // changes none; a joining pod gets the mirror's median weight.
 func TestWeightCycle_FrozenKeepsTheWeights(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
 	lf.load(skewedCores, equalRPS)
 	lf.run()
 	adapted := lf.weights()
@@ -398,5 +418,194 @@ func TestWeightCycle_FrozenKeepsTheWeights(t *testing.T) {
 	lf.load([]float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}, equalRPS)
 	if rep := lf.run(); lf.wrote(rep) != 0 {
 		t.Fatalf("a Frozen balancer's weights were written: %+v", rep.Outcomes[lf.key()])
+	}
+}
+
+// listed reports whether the membership record lists the endpoint in the ServiceEntry now.
+func (m *Membership) listed(key types.NamespacedName, ip string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	log, ok := m.byKey[key]
+	if !ok {
+		return false
+	}
+	_, in := log.in[ip]
+	return in
+}
+
+// waitForMembership waits until the mirror has recorded the endpoint's membership (it does so
+// right after the ServiceEntry write the test saw), so that the fake clock moves only after.
+func (lf *loopFixture) waitForMembership(ip string, in bool) {
+	lf.t.Helper()
+	lf.eventually(fmt.Sprintf("membership of %s recorded as %v", ip, in), func() error {
+		if sharedMembership.listed(lf.key(), ip) != in {
+			return errNotYet
+		}
+		return nil
+	})
+}
+
+// followWeights is traffic that follows the weights at equal target shares: 600 rps split by
+// weight, each pod's CPU at its cost per request.
+func (lf *loopFixture) followWeights(w map[string]int) (cores, rps []float64) {
+	total := 0
+	for _, ip := range lf.ips {
+		total += w[ip]
+	}
+	for i, ip := range lf.ips {
+		rps = append(rps, 600*float64(w[ip])/float64(total))
+		cores = append(cores, rps[i]*skewedCores[i]/100)
+	}
+	return cores, rps
+}
+
+// Issue 15.3: a pod whose readiness flaps is out of the ServiceEntry for part of the window and
+// serves nothing then. Its rate over the whole window looks like spare capacity; only its time
+// in the ServiceEntry may count, so its weight must not rise.
+func TestWeightCycle_AFlappingPodDoesNotGainWeight(t *testing.T) {
+	requireVM(t)
+	// On typed nodes the mirror gives the pod, when it returns, its instance type's median:
+	// the weight it had. (On untyped nodes that is the median of all pods.)
+	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
+	lf.useCapacity()
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	w := lf.weights()
+	cores, rps := lf.followWeights(w)
+	lf.clock.Step(loopInterval)
+	lf.load(cores, rps)
+	if rep := lf.run(); lf.wrote(rep) != 0 {
+		t.Fatalf("not converged: %+v", rep.Outcomes[lf.key()])
+	}
+
+	// Pod 1 turns unready for 4 s of the next 10 s window and serves nothing meanwhile.
+	flapping := lf.ips[0]
+	endpoints := func(readyFlapping bool) []sliceEndpoint {
+		var eps []sliceEndpoint
+		for i, ip := range lf.ips {
+			e := ready(fmt.Sprintf("web-%d", i+1), ip)
+			if ip == flapping && !readyFlapping {
+				e.ready, e.serving = false, false
+			}
+			eps = append(eps, e)
+		}
+		return eps
+	}
+	lf.slice("web", "web-x", endpoints(false)...)
+	var others []string
+	for _, ip := range lf.ips {
+		if ip != flapping {
+			others = append(others, ip)
+		}
+	}
+	lf.waitForAddresses("web", others...)
+	lf.waitForMembership(flapping, false)
+	idle, idleCores := append([]float64{}, rps...), append([]float64{}, cores...)
+	idle[0], idleCores[0] = 0, 0
+	lf.clock.Step(4 * time.Second)
+	lf.load(idleCores, idle)
+	lf.slice("web", "web-x", endpoints(true)...)
+	lf.waitForAddresses("web", lf.ips...)
+	lf.waitForMembership(flapping, true)
+	lf.clock.Step(6 * time.Second)
+	lf.load(cores, rps)
+
+	if share := sharedMembership.Share(lf.key(), flapping, lf.clock.Now().Add(-2*loopInterval), lf.clock.Now()); share != 0.6 {
+		t.Fatalf("the mirror recorded the pod in the ServiceEntry for %.2f of the window, want 0.6", share)
+	}
+	if back := lf.weights()[flapping]; back != w[flapping] {
+		t.Fatalf("the mirror gave the returning pod weight %d, want its instance type's median %d", back, w[flapping])
+	}
+	rep := lf.run()
+	o := rep.Outcomes[lf.key()]
+	got := o.Decision.Weights()[flapping]
+	t.Logf("flapping pod: weight %d before, %d decided (%s); all %v", w[flapping], got, o.Reason, orderedWeights(lf.ips, o.Decision.Weights()))
+	if float64(got) > 1.05*float64(w[flapping]) {
+		t.Fatalf("the flapping pod's weight rose from %d to %d: its time out of the ServiceEntry was counted as spare capacity", w[flapping], got)
+	}
+}
+
+// #15 "What the user sees": each weight-cycle decision is logged once at info level, in one
+// format (JSON, as the operator's), with the AdaptiveLoadBalancer's key.
+func TestWeightCycle_LogsEachDecisionOnceAtInfo(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
+	var out strings.Builder
+	ctx := log.IntoContext(context.Background(), zap.New(zap.WriteTo(&out), zap.UseDevMode(false), zap.Level(zapcore.InfoLevel)))
+	runLogged := func() {
+		t.Helper()
+		if _, err := lf.loop.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lf.load(skewedCores, equalRPS)
+	runLogged()
+	lf.vm.Stop()
+	for range 2 { // two cycles of the same outage: one line
+		lf.clock.Step(loopInterval)
+		runLogged()
+	}
+
+	count := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("a log line is not JSON: %q", line)
+		}
+		key, _ := entry["adaptiveLoadBalancer"].(map[string]any)
+		if key == nil || key["namespace"] != lf.ns {
+			continue // another test's balancer, or a line without a key
+		}
+		if key["name"] != "web" {
+			t.Errorf("line for the wrong object: %q", line)
+		}
+		if entry["level"] != "info" {
+			t.Errorf("a decision logged at %v, want info: %q", entry["level"], line)
+		}
+		count[entry["msg"].(string)]++
+	}
+	t.Logf("decisions logged: %v", count)
+	written, outage := 0, 0
+	for msg, n := range count {
+		switch {
+		case msg == "weights written":
+			written += n
+		case strings.HasPrefix(msg, "metrics outage"):
+			outage += n
+		}
+	}
+	if written != 1 || outage != 1 {
+		t.Fatalf("want one 'weights written' and one 'metrics outage' line, got %v", count)
+	}
+}
+
+// Issue 15.3, the mirror's side: a pod whose readiness flaps returns to the ServiceEntry at the
+// weight it had, not at the median of all pods (what a new pod on an untyped node gets), which
+// would send a slow pod ten times its traffic until the next cycle.
+func TestMirror_AFlappingPodReturnsAtItsWeight(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.useCapacity()
+	lf.load(skewedCores, equalRPS)
+	lf.run()
+	w := lf.weights()
+	slow := lf.ips[5]
+	endpoints := func(withSlow bool) []sliceEndpoint {
+		var eps []sliceEndpoint
+		for i, ip := range lf.ips {
+			e := ready(fmt.Sprintf("web-%d", i+1), ip)
+			if ip == slow && !withSlow {
+				e.ready, e.serving = false, false
+			}
+			eps = append(eps, e)
+		}
+		return eps
+	}
+	lf.slice("web", "web-x", endpoints(false)...)
+	lf.waitForAddresses("web", lf.ips[:5]...)
+	lf.waitForMembership(slow, false)
+	lf.slice("web", "web-x", endpoints(true)...)
+	lf.waitForAddresses("web", lf.ips...)
+	if got := lf.weights()[slow]; got != w[slow] {
+		t.Fatalf("the slow pod came back at weight %d, want the %d it had (weights before %v)", got, w[slow], orderedWeights(lf.ips, w))
 	}
 }

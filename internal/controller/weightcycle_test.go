@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -78,6 +79,9 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode, podOpts ...func(i int) []fun
 	// samples imported for "now" would look stale. TestWeightCycle_ReportsStaleMetrics covers that.
 	lf := &loopFixture{fixture: f, vm: vmtest.Start(t), clock: clocktesting.NewFakeClock(time.Now().Add(-time.Hour).Truncate(time.Second)),
 		events: record.NewFakeRecorder(1000), omitCPU: map[int]bool{}, omitRequests: map[int]bool{}}
+	// The mirror stamps membership changes with the cycle's clock, as both use the real one in the operator.
+	sharedMembership.SetClock(lf.clock)
+	t.Cleanup(func() { sharedMembership.SetClock(clock.RealClock{}) })
 	f.service("web")
 	var eps []sliceEndpoint
 	for i := 1; i <= 6; i++ {
@@ -107,7 +111,7 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode, podOpts ...func(i int) []fun
 	lf.loop = &WeightCycle{
 		Client: operatorClient, APIReader: k8s, Source: src, Recorder: lf.events, Clock: lf.clock,
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
-		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions,
+		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions, Membership: sharedMembership,
 		AllowQueryOverrides: true, // the tests of overrides act as an admin who allowed them
 	}
 	return lf
@@ -328,6 +332,8 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	}
 	lf.waitForWeights(adapted)
 	lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsFailed)
+	// Six failed queries with their PromQL used to make each condition about 3 KB: summaries now.
+	lf.assertShortConditions("web")
 
 	lf.clock.Step(loopInterval) // five intervals since the last good metrics
 	rep := lf.run()
@@ -341,6 +347,7 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	}
 	lf.waitForWeights(equal)
 	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFallback)
+	lf.assertShortConditions("web")
 	var events []string
 	for drained := false; !drained; {
 		select {

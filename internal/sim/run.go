@@ -19,6 +19,9 @@ const (
 	PolicyLeastRequest = LBLeastRequest
 	PolicyCPUDistance  = string(weights.AlgorithmCPUDistance)
 	PolicyCapacity     = string(weights.AlgorithmCapacity)
+	// PolicyCPUShare is the published operator's later share rule, a baseline beside
+	// PolicyCPUDistance.
+	PolicyCPUShare = string(weights.AlgorithmCPUShare)
 	// PolicyOracle writes static weights proportional to every pod's true capacity, known from
 	// the scenario, on the scenario's client balancer: what perfect knowledge of the hardware gives
 	// a weight-based approach.
@@ -26,7 +29,7 @@ const (
 )
 
 // Policies lists every policy name accepted by Run.
-var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal}
+var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal, PolicyCPUShare}
 
 // DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
 var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity}
@@ -69,7 +72,7 @@ type simulation struct {
 	settings *weights.Settings // nil: no controller
 	opts     Options
 
-	q       eventQueue
+	q       scheduler
 	arrRand *rand.Rand // arrivals, costs and proxy choice: identical across policies for a seed
 	lbRand  *rand.Rand // balancer choices and scenario randomness
 
@@ -77,8 +80,9 @@ type simulation struct {
 	rps         float64
 
 	pods   []*pod
-	groups [][]int32 // pod ids per group, in creation order
-	hosts  []int32   // pods in the host set, in creation order
+	groups [][]int32     // pod ids per group, in creation order
+	costs  []costSampler // per group
+	hosts  []int32       // pods in the host set, in creation order
 
 	weightOf  map[int32]int // controller weights by pod id; empty until the first write
 	balancers [][]*balancer // [proxy][worker]
@@ -87,12 +91,16 @@ type simulation struct {
 	finish    []float64 // per request id: the pod's vwork at which it completes
 	free      []int32   // recycled request ids
 	netHalf   float64
-	latencies []float32 // ms, requests sent after warm-up, in completion order
-	podLat    [][]float32
-	latencyAt []float32 // s, when each of latencies was received
-	bucketLat []float32 // ms, every response in the current timeline bucket, warm-up included
-	timeline  []TimelinePoint
-	totalSent uint64
+	latency   latencySketch   // ms, requests sent after warm-up
+	podLat    []latencySketch // the same per pod
+	bucketLat latencySketch   // ms, every response in the current timeline bucket, warm-up included
+	// Only with speed changes, for the recoveries: each warm latency (ms) and when it was
+	// received (s), in completion order.
+	keepLatencies bool
+	latencies     []float32
+	latencyAt     []float32
+	timeline      []TimelinePoint
+	totalSent     uint64
 
 	// Controller state.
 	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
@@ -133,6 +141,8 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		netHalf:  sc.Clients.NetworkLatency.Seconds() / 2,
 		weightOf: map[int32]int{},
 		pending:  map[uint32]map[int32]int{},
+		// The recoveries cut the latencies by time, which the sketches cannot.
+		keepLatencies: len(speedChanges(sc)) > 0,
 	}
 	lb := sc.Clients.LB
 	switch policy {
@@ -169,6 +179,9 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		}
 	}
 	s.groups = make([][]int32, len(sc.Pods))
+	for _, pg := range sc.Pods {
+		s.costs = append(s.costs, newCostSampler(pg.Cost))
+	}
 	for g, pg := range sc.Pods {
 		for i := 0; i < pg.Replicas; i++ {
 			s.addPod(g, 0)
@@ -187,6 +200,15 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		}
 		s.logWeights(0)
 	}
+	if policy == PolicyCPUDistance || policy == PolicyCPUShare {
+		// The published operator's first act is to write every endpoint at 1000; its rules then
+		// start from that, not from Envoy's default of 1.
+		for _, id := range s.hosts {
+			s.weightOf[id] = publishedStartWeight
+		}
+		s.weightWrites++
+		s.logWeights(0)
+	}
 	s.refreshBalancers()
 	if s.warmup == 0 {
 		s.markWarm(0)
@@ -199,7 +221,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 }
 
 func (s *simulation) schedule() {
-	s.q.push(s.nextArrival(0), evArrival, 0, 0)
+	s.q.setArrival(s.nextArrival(0))
 	for i, ph := range s.sc.Load.Phases {
 		s.q.push(ph.At.Seconds(), evPhase, int32(i), 0)
 	}
@@ -227,9 +249,9 @@ func (s *simulation) nextArrival(now float64) float64 {
 }
 
 func (s *simulation) loop() error {
-	for s.q.len() > 0 {
-		ev := s.q.pop()
-		if ev.t > s.end {
+	for {
+		ev, ok := s.q.pop()
+		if !ok || ev.t > s.end {
 			break
 		}
 		switch ev.kind {
@@ -293,12 +315,20 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	for i := range s.active {
 		s.active[i] = append(s.active[i], 0)
 	}
-	s.podLat = append(s.podLat, nil)
+	s.podLat = append(s.podLat, latencySketch{})
 	s.snapCPU = append(s.snapCPU, nil)
 	s.snapServed = append(s.snapServed, nil)
 	s.snapLatency = append(s.snapLatency, nil)
 	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
 		s.weightOf[id] = w
+	} else if s.policy == PolicyCPUShare && len(s.weightOf) > 0 {
+		var current []int
+		for _, h := range s.hosts {
+			if w, ok := s.weightOf[h]; ok {
+				current = append(current, w)
+			}
+		}
+		s.weightOf[id] = weights.CPUShareNewWeight(current, *s.settings)
 	} else if s.settings != nil && len(s.weightOf) > 0 {
 		// The mirror writes a new endpoint at once with the median weight of the pods on the
 		// same hardware (the operator reads the node's instance type; here, the pod group), or
@@ -353,25 +383,39 @@ func (s *simulation) refreshBalancers() {
 	}
 }
 
-// unitQuantile is a uniform draw shared by every policy for the same request, so that policies
-// face identical work (common random numbers); each pod turns it into its own cost distribution.
-func costFor(c Cost, u float64) float64 {
-	mean := c.Mean.Seconds()
-	switch c.Dist {
-	case "constant":
-		return mean
-	case "exponential":
-		return -math.Log(1-u) * mean
-	default: // lognormal with the given mean and coefficient of variation
+// costSampler turns a uniform draw into a request's cost. The draw is shared by every policy for
+// the same request, so that policies face identical work (common random numbers); each pod group
+// turns it into its own cost distribution. The distribution's constants are worked out once.
+type costSampler struct {
+	dist      string
+	mean      float64 // seconds
+	mu, sigma float64 // lognormal: of the cost's logarithm
+}
+
+func newCostSampler(c Cost) costSampler {
+	cs := costSampler{dist: c.Dist, mean: c.Mean.Seconds()}
+	if c.Dist != "constant" && c.Dist != "exponential" { // lognormal with the given mean and CV
 		sigma2 := math.Log(1 + c.CV*c.CV)
-		mu := math.Log(mean) - sigma2/2
+		cs.mu = math.Log(cs.mean) - sigma2/2
+		cs.sigma = math.Sqrt(sigma2)
+	}
+	return cs
+}
+
+func (c *costSampler) cost(u float64) float64 {
+	switch c.dist {
+	case "constant":
+		return c.mean
+	case "exponential":
+		return -math.Log(1-u) * c.mean
+	default:
 		z := math.Sqrt2 * math.Erfinv(2*u-1)
-		return math.Exp(mu + math.Sqrt(sigma2)*z)
+		return math.Exp(c.mu + c.sigma*z)
 	}
 }
 
 func (s *simulation) onArrival(t float64) {
-	s.q.push(s.nextArrival(t), evArrival, 0, 0)
+	s.q.setArrival(s.nextArrival(t))
 	u := s.arrRand.Float64()
 	proxy := s.arrRand.Intn(len(s.balancers))
 	worker := s.arrRand.Intn(len(s.balancers[proxy]))
@@ -402,10 +446,10 @@ func (s *simulation) onArrival(t float64) {
 		s.reqs = append(s.reqs, request{})
 		s.finish = append(s.finish, 0)
 	}
-	s.reqs[id] = request{sent: t, cost: costFor(s.sc.Pods[p.group].Cost, u), proxy: int32(proxy), pod: podID}
+	s.reqs[id] = request{sent: t, cost: s.costs[p.group].cost(u), proxy: int32(proxy), pod: podID}
 	s.active[proxy][podID]++
 	s.totalSent++
-	s.q.push(t+s.netHalf, evPodArrive, id, 0)
+	s.q.pushHop(t+s.netHalf, evPodArrive, id)
 }
 
 func (s *simulation) onPodArrive(t float64, id int32) {
@@ -430,6 +474,7 @@ func (s *simulation) rewake(p *pod) {
 	if math.IsInf(w, 1) {
 		p.version++
 		p.wakeAt = -1
+		s.q.cancelWake(p.id)
 		return
 	}
 	if w == p.wakeAt && p.version != 0 {
@@ -437,7 +482,7 @@ func (s *simulation) rewake(p *pod) {
 	}
 	p.version++
 	p.wakeAt = w
-	s.q.push(w, evPodWake, p.id, p.version)
+	s.q.setWake(p.id, w, p.version)
 }
 
 func (s *simulation) onPodWake(t float64, p *pod) {
@@ -461,7 +506,7 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 		if s.prequal != nil {
 			p.recordRIFLatency(int(s.reqs[id].rif), inPod)
 		}
-		s.q.push(t+s.netHalf, evResponse, id, 0)
+		s.q.pushHop(t+s.netHalf, evResponse, id)
 	}
 	for len(p.running) < p.workers && p.qhead < len(p.queue) {
 		s.start(p, p.queue[p.qhead])
@@ -489,11 +534,14 @@ func (s *simulation) onResponse(t float64, id int32) {
 		s.orcaReport(t, int(r.proxy), r.pod)
 	}
 	ms := float32((t - r.sent) * 1000)
-	s.bucketLat = append(s.bucketLat, ms)
+	s.bucketLat.add(ms)
 	if r.sent >= s.warmup {
-		s.latencies = append(s.latencies, ms)
-		s.latencyAt = append(s.latencyAt, float32(t))
-		s.podLat[r.pod] = append(s.podLat[r.pod], ms)
+		s.latency.add(ms)
+		s.podLat[r.pod].add(ms)
+		if s.keepLatencies {
+			s.latencies = append(s.latencies, ms)
+			s.latencyAt = append(s.latencyAt, float32(t))
+		}
 	}
 	s.free = append(s.free, id)
 }
@@ -506,9 +554,8 @@ func (s *simulation) onSnapshot(t float64) {
 		s.snapLatency[p.id] = append(s.snapLatency[p.id], p.latencies)
 	}
 	if int(t)%timelineBucket == 0 {
-		pc := percentiles(s.bucketLat)
-		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: pc.P50, P99: pc.P99, RPS: float64(len(s.bucketLat)) / timelineBucket})
-		s.bucketLat = s.bucketLat[:0]
+		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: s.bucketLat.quantile(0.5), P99: s.bucketLat.quantile(0.99), RPS: float64(s.bucketLat.n) / timelineBucket})
+		s.bucketLat.reset()
 	}
 	if s.warmAt == nil && t >= s.warmup {
 		s.markWarm(t)
@@ -557,6 +604,10 @@ func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64) 
 	p99 = hist[last].quantileSince(&hist[first], 0.99)
 	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, p99, span
 }
+
+// publishedStartWeight is the weight the published operator writes for every endpoint before
+// its first cycle.
+const publishedStartWeight = 1000
 
 // minMetricsAge is how long a pod must have been scraped before its rates mean anything.
 const minMetricsAge = 15
@@ -787,7 +838,7 @@ func (s *simulation) refreshORCA(t float64) {
 func (s *simulation) sendProbes(t float64, proxy int) {
 	for i := 0; i < prequalProbes; i++ {
 		pod := s.hosts[s.lbRand.Intn(len(s.hosts))]
-		s.q.push(t+s.probeRTT, evProbe, int32(proxy), uint32(pod))
+		s.q.pushProbe(t+s.probeRTT, int32(proxy), uint32(pod))
 	}
 }
 

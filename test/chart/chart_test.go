@@ -238,3 +238,19 @@ func TestChart_PodDisruptionBudgetKeepsOneReplica(t *testing.T) {
 		t.Error("a single replica got a budget that would block every drain")
 	}
 }
+
+func TestChart_MetricsReaderRoleGrantsOnlyTheMetricsEndpoint(t *testing.T) {
+	objs := render(t)
+	role := objs["ClusterRole/lb-adaptive-lb-metrics-reader"]
+	if role == nil {
+		t.Fatalf("no metrics-reader ClusterRole rendered; got %v", keys(objs))
+	}
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	if len(rules) != 1 {
+		t.Fatalf("rules %v", rules)
+	}
+	rule := rules[0].(map[string]any)
+	if urls, verbs := toStrings(rule["nonResourceURLs"]), toStrings(rule["verbs"]); !reflect.DeepEqual(urls, []string{"/metrics"}) || !reflect.DeepEqual(verbs, []string{"get"}) || len(rule) != 2 {
+		t.Fatalf("the metrics-reader role grants %v, want only get on /metrics", rule)
+	}
+}

@@ -1,0 +1,189 @@
+// Package kustomize tests the kustomize install of docs/install.md: config/default built with the
+// real kustomize CLI (default load restrictor, as `kubectl apply -k` runs it) and applied to a
+// real API server.
+package kustomize
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+const namespace = "adaptive-lb-system"
+
+func requireBin(t *testing.T, env, what string) string {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set: run `make test`", env)
+		}
+		t.Skipf("%s is not set: run `make test`, which builds %s", env, what)
+	}
+	return v
+}
+
+// build runs `kustomize build config/default` and returns the objects in kustomize's order.
+func build(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	kustomize := requireBin(t, "ADAPTIVELB_KUSTOMIZE_BIN", "kustomize")
+	cmd := exec.Command(kustomize, "build", "../../config/default")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kustomize build config/default: %v\n%s", err, stderr.String())
+	}
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if err == io.EOF {
+				break
+			}
+			t.Fatalf("kustomize output is not YAML: %v", err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
+	requireBin(t, "KUBEBUILDER_ASSETS", "kube-apiserver and etcd")
+	objs := build(t)
+	env := &envtest.Environment{}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// In kustomize's order (the Namespace and the CRD first), as kubectl apply -k sends them.
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+
+	get := func(key types.NamespacedName, o client.Object) {
+		t.Helper()
+		if err := c.Get(ctx, key, o); err != nil {
+			t.Errorf("the kustomize install has no %T %s: %v", o, key, err)
+		}
+	}
+	ns := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: namespace, Name: name} }
+	var (
+		deploy   appsv1.Deployment
+		sa       corev1.ServiceAccount
+		metrics  corev1.Service
+		role     rbacv1.ClusterRole
+		binding  rbacv1.ClusterRoleBinding
+		leRole   rbacv1.Role
+		leBind   rbacv1.RoleBinding
+		authRole rbacv1.ClusterRoleBinding
+		crd      apiextensionsv1.CustomResourceDefinition
+	)
+	get(ns("adaptive-lb"), &deploy)
+	get(ns("adaptive-lb"), &sa)
+	get(ns("adaptive-lb-metrics"), &metrics)
+	get(types.NamespacedName{Name: "adaptive-lb"}, &role)
+	get(types.NamespacedName{Name: "adaptive-lb"}, &binding)
+	get(ns("adaptive-lb-leader-election"), &leRole)
+	get(ns("adaptive-lb-leader-election"), &leBind)
+	get(types.NamespacedName{Name: "adaptive-lb-metrics-auth"}, &authRole)
+	get(types.NamespacedName{Name: "adaptiveloadbalancers.adaptivelb.io"}, &crd)
+	if t.Failed() {
+		return
+	}
+
+	pod := deploy.Spec.Template
+	if pod.Spec.ServiceAccountName != sa.Name {
+		t.Errorf("the Deployment runs as %q, not the installed ServiceAccount %q", pod.Spec.ServiceAccountName, sa.Name)
+	}
+	if len(binding.Subjects) != 1 || binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != namespace || binding.RoleRef.Name != role.Name {
+		t.Errorf("the ClusterRoleBinding does not bind %s to the ServiceAccount: %+v", role.Name, binding)
+	}
+	// The metrics Service selects the operator's pods and targets its named metrics port.
+	for k, v := range metrics.Spec.Selector {
+		if pod.Labels[k] != v {
+			t.Errorf("metrics Service selector %v does not select the pod labels %v", metrics.Spec.Selector, pod.Labels)
+		}
+	}
+	var containerPorts []string
+	for _, p := range pod.Spec.Containers[0].Ports {
+		containerPorts = append(containerPorts, p.Name)
+	}
+	if len(metrics.Spec.Ports) != 1 || metrics.Spec.Ports[0].TargetPort.String() != "metrics" || !slices.Contains(containerPorts, "metrics") {
+		t.Errorf("metrics Service ports %+v, container ports %v: want the container's port named metrics", metrics.Spec.Ports, containerPorts)
+	}
+	// A scraper bound to the metrics-reader role may GET /metrics: the operator's HTTPS metrics
+	// endpoint asks the API server exactly this SubjectAccessReview; an unbound one may not.
+	if err := c.Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "prometheus-reads-adaptive-lb"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "adaptive-lb-metrics-reader"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "prometheus", Namespace: "monitoring"}},
+	}); err != nil {
+		t.Fatalf("bind the metrics-reader ClusterRole: %v", err)
+	}
+	for user, want := range map[string]bool{"system:serviceaccount:monitoring:prometheus": true, "system:serviceaccount:monitoring:other": false} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/metrics", Verb: "get"}}}
+		if err := c.Create(ctx, sar); err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed != want {
+			t.Errorf("%s may GET /metrics: %v, want %v (%s)", user, sar.Status.Allowed, want, sar.Status.Reason)
+		}
+	}
+
+	// The CRD is served, so AdaptiveLoadBalancers can be created right after the install.
+	deadline := time.Now().Add(30 * time.Second)
+	for !established(&crd) && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+		get(types.NamespacedName{Name: crd.Name}, &crd)
+	}
+	if !established(&crd) {
+		t.Errorf("the CRD never became Established: %+v", crd.Status.Conditions)
+	}
+}
+
+func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	for _, c := range crd.Status.Conditions {
+		if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
