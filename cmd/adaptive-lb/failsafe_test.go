@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +14,9 @@ import (
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
 func TestFailsafe_RejectsBadFlags(t *testing.T) {
@@ -167,5 +171,57 @@ func BenchmarkFailsafeFallback(b *testing.B) {
 		stopWatchdog()
 		b.ReportMetric(fallback.Seconds(), "fallback_s")
 		b.ReportMetric(back.Seconds(), "rebuilt_s")
+	}
+}
+
+// The chart's watchdog Deployment and uninstall hook Job pass flags to `adaptive-lb failsafe`;
+// each rendered argument list is parsed by the failsafe command's own flag set.
+func TestDeployFlags_TheWatchdogAndHookFlagsExist(t *testing.T) {
+	helm := os.Getenv("ADAPTIVELB_HELM_BIN")
+	if helm == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("ADAPTIVELB_HELM_BIN is not set: run `make test`")
+		}
+		t.Skip("ADAPTIVELB_HELM_BIN is not set: run `make test`, which builds helm")
+	}
+	out, err := exec.Command(helm, "template", "lb", "../../charts/adaptive-lb", "--namespace", "adaptive-lb-system", "--kube-version", "1.36.3",
+		"--set", "watchNamespaces={shop,web}").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string][]string{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			break
+		}
+		if u.GetKind() != "Deployment" && u.GetKind() != "Job" {
+			continue
+		}
+		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			m := c.(map[string]any)
+			if name := m["name"].(string); name == "failsafe" || name == "uninstall" {
+				for _, v := range m["args"].([]any) {
+					found[name] = append(found[name], v.(string))
+				}
+			}
+		}
+	}
+	for _, name := range []string{"failsafe", "uninstall"} {
+		args := found[name]
+		if len(args) == 0 || args[0] != "failsafe" {
+			t.Fatalf("%s container args %q do not start with the failsafe command", name, args)
+		}
+		cmd := newFailsafeCmd()
+		if err := cmd.ParseFlags(args[1:]); err != nil {
+			t.Fatalf("adaptive-lb failsafe rejects the %s container's args %q: %v", name, args, err)
+		}
+		for _, a := range args[1:] {
+			if flag := strings.SplitN(strings.TrimPrefix(a, "--"), "=", 2)[0]; !cmd.Flags().Changed(flag) {
+				t.Errorf("%s: flag %q was not parsed as set", name, flag)
+			}
+		}
 	}
 }
