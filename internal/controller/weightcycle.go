@@ -255,6 +255,10 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 				// lastWeightWrite the ServiceEntry really has.
 				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
 				d.writeErr = err
+				// A fallback not written has not begun: its event comes with the write that lands.
+				st := w.states[d.key]
+				st.FallenBack = prev[d.key.String()].FallenBack
+				w.states[d.key] = st
 			} else {
 				// Push estimates need when the writes really reached the API server, not the cycle's clock.
 				at := time.Now()
