@@ -32,9 +32,16 @@ const (
 
 // AdaptiveLoadBalancerSpec opts one Service into adaptive endpoint weights.
 // +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || !has(self.maxWeight) || self.minWeight <= self.maxWeight",message="minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"
+// A bound set alone must still fit the algorithm's default for the other one (capacity: 10..1000,
+// cpu-distance: 100..600); otherwise the engine could never run and weights would stay equal.
+// +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || has(self.maxWeight) || self.minWeight <= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 600 : 1000)",message="minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxWeight) || has(self.minWeight) || self.maxWeight >= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 100 : 10)",message="maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"
 type AdaptiveLoadBalancerSpec struct {
-	// TargetRef names the Service, in the same namespace, whose endpoints get weights.
+	// TargetRef names the Service, in the same namespace, whose endpoints get weights. It cannot
+	// change: the ServiceEntry of the old Service would otherwise outlive the change. To weight
+	// another Service, create another AdaptiveLoadBalancer.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="targetRef is immutable: create a new AdaptiveLoadBalancer for the other Service and delete this one"
 	TargetRef TargetRef `json:"targetRef"`
 
 	// Ports selects Service ports by number; empty means every port of the Service.

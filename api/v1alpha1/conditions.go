@@ -34,6 +34,9 @@ const (
 	ReasonWriteFailed = "WriteFailed"
 	// ReasonNoPorts: none of the selected ports exist on the Service.
 	ReasonNoPorts = "NoPorts"
+	// ReasonTooManyEndpoints: the ServiceEntry would exceed etcd's object size limit; it is
+	// deleted and the Service's clients use the Kubernetes endpoints, unweighted.
+	ReasonTooManyEndpoints = "TooManyEndpoints"
 	// ReasonEqualWeights: weights are equal; no weight cycle has run yet.
 	ReasonEqualWeights = "EqualWeights"
 	// ReasonWeightsApplied: the decided weights are in the ServiceEntry.
@@ -58,6 +61,10 @@ const (
 	// ReasonQueryFailed: a query failed for every pod of the Service; the weights still use the
 	// signals that work, if the algorithm has what it needs.
 	ReasonQueryFailed = "QueryFailed"
+	// ReasonQueryOverridesIgnored: metrics were fetched with the operator's default queries;
+	// spec.metrics.queries is ignored because the operator does not allow per-Service queries
+	// (--allow-query-overrides).
+	ReasonQueryOverridesIgnored = "QueryOverridesIgnored"
 	// ReasonPending: Ready before the endpoint mirror has reported.
 	ReasonPending = "Pending"
 	// ReasonFrozen: mode is Frozen; the weights in the ServiceEntry are kept as they are.

@@ -31,7 +31,9 @@ func TestDeployFlags_EveryFlagTheManifestsPassExists(t *testing.T) {
 			"--set", "tsdb.tls.secret=tsdb-tls",
 			"--set", "tsdb.tls.clientCert=true",
 			"--set", "tsdb.tls.serverName=vmselect.monitoring",
-			"--set", "tsdb.tls.insecureSkipVerify=true")
+			"--set", "tsdb.tls.insecureSkipVerify=true",
+			"--set", "tsdb.allowQueryOverrides=true",
+			"--set", "watchNamespaces={shop,web}")
 	}
 	if kustomize := os.Getenv("ADAPTIVELB_KUSTOMIZE_BIN"); kustomize != "" || os.Getenv("CI") != "" {
 		sources["kustomize config/default"] = operatorArgs(t, requireTool(t, "ADAPTIVELB_KUSTOMIZE_BIN"), "build", "../../config/default")

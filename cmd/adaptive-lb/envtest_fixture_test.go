@@ -29,6 +29,12 @@ func istioCRDPath(t testing.TB) string {
 // lifetime, or skips (fails under CI) when the binaries are not built.
 func startAPIServer(t testing.TB, crdPaths ...string) (*envtest.Environment, *rest.Config) {
 	t.Helper()
+	return startAPIServerWith(t, nil, crdPaths...)
+}
+
+// startAPIServerWith is startAPIServer with extra kube-apiserver flags (name → value).
+func startAPIServerWith(t testing.TB, flags map[string]string, crdPaths ...string) (*envtest.Environment, *rest.Config) {
+	t.Helper()
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		if os.Getenv("CI") != "" {
 			t.Fatal("KUBEBUILDER_ASSETS is not set: run `make test`")
@@ -39,6 +45,9 @@ func startAPIServer(t testing.TB, crdPaths ...string) (*envtest.Environment, *re
 	// A fixed certificate directory keeps the API server's certificates (and, with them, every
 	// client's kubeconfig) valid across a stop and start of the API server alone.
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: t.TempDir()}
+	for k, v := range flags {
+		env.ControlPlane.APIServer.Configure().Set(k, v)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		t.Fatal(err)

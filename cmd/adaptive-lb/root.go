@@ -43,6 +43,7 @@ Run "adaptive-lb simulate" to see its effect on a simulated heterogeneous fleet,
 		newSimulateCmd(),
 		newBenchCmd(),
 		newRunCmd(),
+		newFailsafeCmd(),
 		newMetricsCmd(),
 		newVersionCmd(),
 	)

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -14,18 +17,22 @@ import (
 	"go.uber.org/zap/zapcore"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/uuid"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -60,6 +67,8 @@ type runOptions struct {
 	writeBudget             int
 	holdIntervals           int
 	endpointWeightMetrics   bool
+	allowQueryOverrides     bool
+	watchNamespaces         []string
 	logOutput               io.Writer // the command's stderr
 	source                  *metricsSourceFlags
 	sourceConfig            metrics.Config
@@ -105,6 +114,8 @@ func newRunCmd() *cobra.Command {
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
+	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
+	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
 	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
 	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
 	return cmd
@@ -137,6 +148,11 @@ func (o *runOptions) validate() error {
 	case "debug", "info", "error":
 	default:
 		return newUsageError("--log-level %q must be debug, info or error", o.logLevel)
+	}
+	for _, ns := range o.watchNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return newUsageError("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
 	}
 	return nil
 }
@@ -201,6 +217,25 @@ func (o *runOptions) run(ctx context.Context) error {
 		}
 		shared.cycle = controller.NewCycleMetrics(ctrlmetrics.Registry)
 	}
+	// One leader identity for the process: a manager rebuilt after a lost lease (typically an
+	// API server outage) finds the lease still naming it and takes it back at once, instead of
+	// waiting out its own previous lease as a stranger (15 s by default).
+	if o.leaderElect {
+		if shared.leaderLock, err = o.leaderLock(cfg); err != nil {
+			return err
+		}
+	}
+	// The probes are served by the process, not by each manager: they answer while the
+	// operator waits for its CRD and while a manager is rebuilt, so the liveness probe does not
+	// restart a pod that is only waiting.
+	shared.probes = &probes{}
+	if o.probeAddr != "0" && o.probeAddr != "" {
+		stopProbes, err := shared.probes.serve(o.probeAddr, logger)
+		if err != nil {
+			return err
+		}
+		defer stopProbes()
+	}
 	logger.Info("starting adaptive-lb", "version", version, "leaderElection", o.leaderElect, "clusterDomain", o.clusterDomain)
 	rejoining := false
 	wait := o.retryPeriod
@@ -236,9 +271,11 @@ const maxRejoinWait = 10 * time.Second
 
 // sharedParts are built once per process and handed to every manager the process runs.
 type sharedParts struct {
-	metrics *controller.Metrics
-	source  metrics.Source           // nil without --tsdb-url
-	cycle   *controller.CycleMetrics // nil without --tsdb-url
+	metrics    *controller.Metrics
+	source     metrics.Source           // nil without --tsdb-url
+	cycle      *controller.CycleMetrics // nil without --tsdb-url
+	leaderLock resourcelock.Interface   // nil without --leader-elect
+	probes     *probes
 }
 
 // isLeadershipLost recognises the error controller-runtime's manager returns when its leader
@@ -269,20 +306,30 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if err := requireServiceEntryCRD(mapper); err != nil {
 		return err
 	}
+	shared.probes.setReady(func(*http.Request) error {
+		return errors.New("waiting for the AdaptiveLoadBalancer CRD")
+	})
+	if err := waitForOwnCRD(ctx, mapper, logger); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                        scheme,
-		Logger:                        base,
-		MapperProvider:                func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
-		Cache:                         controller.CacheOptions(),
-		Metrics:                       metricsOpts,
-		HealthProbeBindAddress:        o.probeAddr,
-		LeaderElection:                o.leaderElect,
-		LeaderElectionID:              o.leaderElectionID,
-		LeaderElectionNamespace:       o.leaderElectionNamespace,
-		LeaderElectionReleaseOnCancel: o.releaseOnCancel,
-		LeaseDuration:                 &o.leaseDuration,
-		RenewDeadline:                 &o.renewDeadline,
-		RetryPeriod:                   &o.retryPeriod,
+		Scheme:                              scheme,
+		Logger:                              base,
+		MapperProvider:                      func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
+		Cache:                               controller.CacheOptions(o.watchNamespaces...),
+		Metrics:                             metricsOpts,
+		HealthProbeBindAddress:              "0", // served by the process: see sharedParts.probes
+		LeaderElection:                      o.leaderElect,
+		LeaderElectionResourceLockInterface: shared.leaderLock,
+		LeaderElectionID:                    o.leaderElectionID,
+		LeaderElectionNamespace:             o.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel:       o.releaseOnCancel,
+		LeaseDuration:                       &o.leaseDuration,
+		RenewDeadline:                       &o.renewDeadline,
+		RetryPeriod:                         &o.retryPeriod,
 		// One manager at a time per process in production; the failover tests run several
 		// replicas in one test process, and a manager rebuilt after a lost lease registers the
 		// same controller names again: the name check would refuse both.
@@ -291,12 +338,11 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if err != nil {
 		return fmt.Errorf("create the controller manager: %w", err)
 	}
-	if err := waitForOwnCRD(ctx, mgr.GetRESTMapper(), logger); err != nil {
-		return err
-	}
 	versions := &controller.ServiceEntryVersions{}
+	activity := &controller.Activity{}
 	membership := controller.NewMembership(clock.RealClock{})
 	r := &controller.AdaptiveLoadBalancerReconciler{
+		Activity:      activity,
 		Versions:      versions,
 		Membership:    membership,
 		Client:        mgr.GetClient(),
@@ -315,31 +361,122 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
-			Versions: versions, Membership: membership,
+			Versions: versions, Membership: membership, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)
 		}
 	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("readyz", func(req *http.Request) error {
+	shared.probes.setReady(func(req *http.Request) error {
 		if !mgr.GetCache().WaitForCacheSync(req.Context()) {
 			return errors.New("informer caches not synced")
 		}
 		return nil
-	}); err != nil {
-		return err
+	})
+	startErr := mgr.Start(ctx)
+	shared.probes.setReady(func(*http.Request) error { return errors.New("the controller manager is restarting") })
+	// After a lost lease the manager returns without waiting for its workers; the next one
+	// must not start while an old reconcile or weight cycle can still write. Their context is
+	// cancelled, so they return promptly.
+	waitCtx, cancel := context.WithTimeout(context.Background(), maxWorkerDrain)
+	defer cancel()
+	if err := activity.CloseAndWait(waitCtx); err != nil {
+		return fmt.Errorf("the stopped manager's reconciles did not return within %v: %w", maxWorkerDrain, err)
 	}
-	if err := mgr.Start(ctx); err != nil {
-		return fmt.Errorf("operator stopped: %w", err)
+	if startErr != nil {
+		return fmt.Errorf("operator stopped: %w", startErr)
 	}
 	return nil
 }
 
+// maxWorkerDrain bounds the wait for a stopped manager's reconciles and weight cycle. Past it
+// the process exits with an error (and Kubernetes restarts it) rather than run two writers.
+const maxWorkerDrain = time.Minute
+
+// leaderLock builds the leader Lease lock once per process, with one identity for every
+// manager the process runs.
+func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error) {
+	namespace := o.leaderElectionNamespace
+	if namespace == "" {
+		raw, err := os.ReadFile(inClusterNamespaceFile)
+		if err != nil {
+			return nil, fmt.Errorf("--leader-election-namespace is not set and the pod's namespace cannot be read from %s (not in a cluster?): %w", inClusterNamespaceFile, err)
+		}
+		namespace = strings.TrimSpace(string(raw))
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("read the host name for the leader identity: %w", err)
+	}
+	lockCfg := rest.AddUserAgent(rest.CopyConfig(cfg), "leader-election")
+	// A hung request must not cost the lease: bound each below the renew deadline, as
+	// controller-runtime does for its own lock.
+	lockCfg.Timeout = max(o.renewDeadline/2, time.Second)
+	coordination, err := coordinationv1client.NewForConfig(lockCfg)
+	if err != nil {
+		return nil, fmt.Errorf("build the leader election client: %w", err)
+	}
+	return &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: o.leaderElectionID},
+		Client:     coordination,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: host + "_" + string(uuid.NewUUID())},
+	}, nil
+}
+
+const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// probes answers /healthz (the process is alive) and /readyz (the current manager's caches are
+// synced) for the whole process, across manager rebuilds and the wait for the CRD.
+type probes struct {
+	mu    sync.Mutex
+	ready func(*http.Request) error
+}
+
+func (p *probes) setReady(check func(*http.Request) error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ready = check
+}
+
+func (p *probes) readyz(w http.ResponseWriter, req *http.Request) {
+	p.mu.Lock()
+	check := p.ready
+	p.mu.Unlock()
+	if check == nil {
+		check = func(*http.Request) error { return errors.New("starting") }
+	}
+	if err := check(req); err != nil {
+		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = io.WriteString(w, "ok")
+}
+
+// serve listens on addr and returns a function that stops the server.
+func (p *probes) serve(addr string, logger logr.Logger) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for health probes on %s (--health-probe-bind-address): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
+	mux.HandleFunc("/readyz", p.readyz)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "health probe server stopped")
+		}
+	}()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
 // waitForOwnCRD waits, logging what to do, while the AdaptiveLoadBalancer CRD is missing (an
-// install applied in the wrong order): crash-looping would not install it any sooner.
+// install applied in the wrong order): crash-looping would not install it any sooner. The
+// probes are served meanwhile: alive, not ready.
 func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logger) error {
 	gk := schema.GroupKind{Group: adlbv1.GroupVersion.Group, Kind: "AdaptiveLoadBalancer"}
 	for {

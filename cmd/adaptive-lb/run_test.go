@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +22,11 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"workers":        {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
-		"cluster domain": {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
-		"log level":      {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
-		"leader timings": {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
+		"workers":          {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
+		"cluster domain":   {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
+		"log level":        {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
+		"watch namespaces": {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
+		"leader timings":   {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -45,18 +48,59 @@ func TestRun_WithoutIstioCRDsFailsWithWhatToInstall(t *testing.T) {
 	}
 }
 
+// probeStatus returns the HTTP status of a probe endpoint, or 0 while nothing answers.
+func probeStatus(addr, path string) int {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+func waitForProbe(t *testing.T, addr, path string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	got := 0
+	for time.Now().Before(deadline) {
+		if got = probeStatus(addr, path); got == want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s answered %d, want %d", path, got, want)
+}
+
+// freeAddr returns a loopback address with a port free right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
 func TestRun_WaitsForItsOwnCRDInsteadOfCrashing(t *testing.T) {
 	// Istio is installed, adaptive-lb's CRD is not (yet).
 	env, cfg := startAPIServer(t, istioCRDPath(t))
 	path := kubeconfigFile(t, env, "")
+	probeAddr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	exited := make(chan error, 1)
 	go func() {
 		root := newRootCmd(io.Discard, io.Discard)
-		root.SetArgs([]string{"run", "--kubeconfig", path, "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
+		root.SetArgs([]string{"run", "--kubeconfig", path, "--metrics-bind-address", "0", "--health-probe-bind-address", probeAddr, "--log-level", "error"})
 		exited <- root.ExecuteContext(ctx)
 	}()
 	defer func() { cancel(); <-exited }()
+	// While it waits, the pod is alive (the liveness probe must not restart it) and not ready.
+	waitForProbe(t, probeAddr, "/healthz", http.StatusOK)
+	if got := probeStatus(probeAddr, "/readyz"); got != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz answered %d without the CRD; want 503", got)
+	}
 	// Install the CRD late; the operator, still running, picks it up and serves an object.
 	if _, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{ownCRDPath}}); err != nil {
 		t.Fatal(err)
@@ -81,7 +125,9 @@ func TestRun_WaitsForItsOwnCRDInsteadOfCrashing(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(alb), alb); err == nil && len(alb.Status.Conditions) > 0 {
-			return // reconciled: TargetNotFound, since there is no Service
+			// Reconciled: TargetNotFound, since there is no Service. Ready now.
+			waitForProbe(t, probeAddr, "/readyz", http.StatusOK)
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -65,6 +65,10 @@ type AdaptiveLoadBalancerReconciler struct {
 	Metrics  *Metrics
 	// ClusterDomain is the cluster's DNS domain (cluster.local by default).
 	ClusterDomain string
+	// MaxEndpoints is the most endpoints a ServiceEntry may carry (0: istio.MaxEndpoints).
+	MaxEndpoints int
+	// Activity, if set, counts reconciles under way; once it is closed none starts.
+	Activity *Activity
 
 	propagation     *propagationTracker
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
@@ -81,6 +85,9 @@ type AdaptiveLoadBalancerReconciler struct {
 
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers/status,verbs=get;update;patch
+// Setting blockOwnerDeletion on the ServiceEntry's owner reference needs update on the owner's
+// finalizers where OwnerReferencesPermissionEnforcement is on (OpenShift by default).
+// +kubebuilder:rbac:groups=adaptivelb.io,resources=adaptiveloadbalancers/finalizers,verbs=update
 // +kubebuilder:rbac:groups=networking.istio.io,resources=serviceentries,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.istio.io,resources=destinationrules,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch
@@ -90,6 +97,10 @@ type AdaptiveLoadBalancerReconciler struct {
 
 // Reconcile brings one AdaptiveLoadBalancer's ServiceEntry and status in line with its Service.
 func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if !r.Activity.enter() {
+		return ctrl.Result{}, nil // this manager is being replaced; the next one reconciles
+	}
+	defer r.Activity.exit()
 	logger := log.FromContext(ctx).WithValues("adaptiveLoadBalancer", req.NamespacedName)
 	ctx = log.IntoContext(ctx, logger)
 	eventAt, tracked := r.propagation.begin(req.NamespacedName)
@@ -97,7 +108,17 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 	alb := &adlbv1.AdaptiveLoadBalancer{}
 	if err := r.Get(ctx, req.NamespacedName, alb); err != nil {
 		// Deleted: the ServiceEntry goes with it through its owner reference.
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !alb.DeletionTimestamp.IsZero() {
+		// Being deleted. With foreground deletion the garbage collector removes the ServiceEntry
+		// first and the AdaptiveLoadBalancer stays until then: a write now would re-create what
+		// it just removed, and block the deletion for as long as the operator keeps writing.
+		r.forget(req.NamespacedName)
+		return ctrl.Result{}, nil
 	}
 	logger = logger.WithValues("service", types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name})
 	ctx = log.IntoContext(ctx, logger)
@@ -158,6 +179,9 @@ type mirrorOutcome struct {
 }
 
 func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (mirrorOutcome, error) {
+	if err := r.deleteStaleServiceEntries(ctx, alb); err != nil {
+		return mirrorOutcome{}, err
+	}
 	if winner, err := r.conflictWinner(ctx, alb); err != nil {
 		return mirrorOutcome{}, err
 	} else if winner != "" {
@@ -244,6 +268,17 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		r.Recorder.Event(alb, corev1.EventTypeWarning, reason, err.Error())
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
 	}
+	if errors.Is(err, istio.ErrTooLarge) {
+		// The last ServiceEntry written would keep overriding the Kubernetes endpoints while
+		// every further write fails: remove it, so clients fall back to all endpoints.
+		if existing != nil {
+			if err := r.deleteServiceEntry(ctx, alb, existing, "it would exceed etcd's object size limit"); err != nil {
+				return mirrorOutcome{}, err
+			}
+		}
+		r.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonTooManyEndpoints, err.Error())
+		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonTooManyEndpoints, message: err.Error()}, nil
+	}
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
@@ -278,7 +313,9 @@ func (r *AdaptiveLoadBalancerReconciler) conflictWinner(ctx context.Context, alb
 		return "", fmt.Errorf("list AdaptiveLoadBalancers targeting %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
 	for _, other := range list.Items {
-		if other.UID == alb.UID {
+		// One being deleted no longer counts: its ServiceEntry is going, and waiting for the
+		// deletion to finish would leave the Service unserved for the garbage collector's delay.
+		if other.UID == alb.UID || !other.DeletionTimestamp.IsZero() {
 			continue
 		}
 		if older(&other, alb) {
@@ -311,6 +348,7 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 		ClusterDomain: r.ClusterDomain,
 		Ports:         alb.Spec.Ports,
 		ExportTo:      alb.Spec.ExportTo,
+		MaxEndpoints:  r.MaxEndpoints,
 	}
 	for i := range slices.Items {
 		s := &slices.Items[i]
@@ -502,16 +540,55 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 	if err != nil {
 		return fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
+	return r.deleteServiceEntry(ctx, alb, se, fmt.Sprintf("its Service cannot be mirrored (%s)", reason))
+}
+
+// deleteServiceEntry deletes se if alb controls it; why completes the event's message.
+func (r *AdaptiveLoadBalancerReconciler) deleteServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, se *networkingv1.ServiceEntry, why string) error {
 	if !metav1.IsControlledBy(se, alb) {
 		return nil
 	}
-	if err := r.Delete(ctx, se); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
 	r.Versions.forget(client.ObjectKeyFromObject(se))
-	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: its Service cannot be mirrored (%s)", se.Name, reason)
-	log.FromContext(ctx).Info("ServiceEntry deleted: its Service cannot be mirrored; traffic falls back to the Kubernetes endpoints", "serviceEntry", client.ObjectKeyFromObject(se), "reason", reason)
+	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: %s", se.Name, why)
+	log.FromContext(ctx).Info("ServiceEntry deleted; traffic falls back to the Kubernetes endpoints", "serviceEntry", client.ObjectKeyFromObject(se), "why", why)
 	return nil
+}
+
+// deleteStaleServiceEntries removes the ServiceEntries this AdaptiveLoadBalancer controls under
+// another name than its target's. They are left by a spec.targetRef change (immutable at
+// admission now, but objects from before that, or from a CRD installed without the rule,
+// remain): the old Service's clients would keep the old endpoints forever, and the garbage
+// collector never removes them while their owner lives.
+func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) error {
+	// Runs on every reconcile: the cache's own objects are only read here (no deep copy of the
+	// target's ServiceEntry, up to a megabyte, per endpoint change).
+	var owned networkingv1.ServiceEntryList
+	if err := r.List(ctx, &owned, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list ServiceEntries owned by AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+	}
+	for _, cached := range owned.Items {
+		if cached.Name == alb.Spec.TargetRef.Name || !metav1.IsControlledBy(cached, alb) {
+			continue
+		}
+		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: cached.Namespace, Name: cached.Name, UID: cached.UID}}
+		if err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ServiceEntry %s/%s, left from an earlier target of AdaptiveLoadBalancer %s: %w", se.Namespace, se.Name, alb.Name, err)
+		}
+		r.Versions.forget(client.ObjectKeyFromObject(se))
+		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: it mirrors Service %s, which is no longer the target", se.Name, se.Name)
+	}
+	return nil
+}
+
+// forget drops what the reconciler keeps in memory for an AdaptiveLoadBalancer that is gone or
+// going: its status throttle, a pending propagation measure and its per-endpoint weight series.
+func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
+	r.lastStatusWrite.Delete(key)
+	r.propagation.begin(key)
+	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)
 }
 
 // logNotServed logs, once per change, why an AdaptiveLoadBalancer is not served (a conflict, a

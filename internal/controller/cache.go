@@ -19,9 +19,20 @@ import (
 // every container's image, env, probes and volumes, kubectl's last-applied annotation) is
 // several kilobytes of which the mirror reads a few hundred bytes. Nodes are watched as
 // metadata only (see SetupWithManager): their labels are all that is read.
-func CacheOptions() cache.Options {
+//
+// With namespaces, namespaced objects are watched in those namespaces only (the operator then
+// needs Roles there, not a ClusterRole); nodes, cluster-scoped, are still watched as metadata.
+func CacheOptions(namespaces ...string) cache.Options {
+	var only map[string]cache.Config
+	for _, ns := range namespaces {
+		if only == nil {
+			only = map[string]cache.Config{}
+		}
+		only[ns] = cache.Config{}
+	}
 	return cache.Options{
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultNamespaces: only,
+		DefaultTransform:  cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:                {Transform: trimPod},
 			&corev1.Service{}:            {Transform: trimService},
@@ -52,6 +63,7 @@ func trimPod(obj any) (any, error) {
 		Spec: corev1.PodSpec{
 			NodeName:           pod.Spec.NodeName,
 			ServiceAccountName: pod.Spec.ServiceAccountName,
+			HostNetwork:        pod.Spec.HostNetwork, // its IP is the node's: never an endpoint's by IP
 		},
 		Status: corev1.PodStatus{
 			PodIP:     pod.Status.PodIP,

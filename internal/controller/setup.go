@@ -2,11 +2,13 @@ package controller
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -30,6 +32,9 @@ const (
 	indexSliceService = "metadata.labels.service-name"
 	indexSlicePod     = "endpoints.targetRef.pod"
 	indexPodIP        = "status.podIP"
+	// indexServiceEntryController maps a ServiceEntry to the UID of the AdaptiveLoadBalancer
+	// that controls it.
+	indexServiceEntryController = "metadata.ownerReferences.controller"
 )
 
 // SetupIndexes registers the cache indexes the reconciler queries.
@@ -40,6 +45,9 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, indexPodIP, func(o client.Object) []string {
+		if o.(*corev1.Pod).Spec.HostNetwork {
+			return nil // it shares its node's IP with every other host-network pod there
+		}
 		var ips []string
 		for _, ip := range o.(*corev1.Pod).Status.PodIPs {
 			ips = append(ips, ip.IP)
@@ -59,6 +67,14 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 			}
 		}
 		return pods
+	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &networkingv1.ServiceEntry{}, indexServiceEntryController, func(o client.Object) []string {
+		if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "AdaptiveLoadBalancer" && strings.HasPrefix(ref.APIVersion, adlbv1.GroupVersion.Group+"/") {
+			return []string{string(ref.UID)}
+		}
+		return nil
 	}); err != nil {
 		return err
 	}
@@ -90,7 +106,8 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
-		Watches(&networkingv1.ServiceEntry{}, r.forgetDeleted()).
+		Watches(&networkingv1.ServiceEntry{}, r.serviceEntryDeleted()).
+		Watches(&adlbv1.AdaptiveLoadBalancer{}, r.unblockOnRelease()).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
@@ -241,13 +258,44 @@ func topologyChanged() predicate.Predicate {
 	}
 }
 
-// forgetDeleted drops the remembered version of a deleted ServiceEntry (its owner deleted, or
-// someone else deleted it), so versions hold nothing for objects that are gone. It enqueues
-// nothing: Owns does.
-func (r *AdaptiveLoadBalancerReconciler) forgetDeleted() handler.EventHandler {
+// serviceEntryDeleted drops the remembered version of a deleted ServiceEntry (its owner deleted,
+// or someone else deleted it), so versions hold nothing for objects that are gone, and enqueues
+// every AdaptiveLoadBalancer that targets a Service of that name: one blocked by a foreign
+// ServiceEntry (ServiceEntryNotOwned) can take the name over now. Its owner, if any, is
+// enqueued by Owns as well.
+func (r *AdaptiveLoadBalancerReconciler) serviceEntryDeleted() handler.EventHandler {
 	return handler.Funcs{
-		DeleteFunc: func(_ context.Context, e event.DeleteEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			r.Versions.forgetDeleted(e.Object)
+			for _, req := range r.targeting(ctx, e.Object.GetNamespace(), e.Object.GetName()) {
+				q.Add(req)
+			}
+		},
+	}
+}
+
+// unblockOnRelease enqueues the AdaptiveLoadBalancers that target the same Service as one that
+// is deleted or starts being deleted: the oldest of them wins the Conflict it lost.
+func (r *AdaptiveLoadBalancerReconciler) unblockOnRelease() handler.EventHandler {
+	enqueueOthers := func(ctx context.Context, o client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		alb, ok := o.(*adlbv1.AdaptiveLoadBalancer)
+		if !ok {
+			return
+		}
+		for _, req := range r.targeting(ctx, alb.Namespace, alb.Spec.TargetRef.Name) {
+			if req.Name != alb.Name {
+				q.Add(req)
+			}
+		}
+	}
+	return handler.Funcs{
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			if e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero() {
+				enqueueOthers(ctx, e.ObjectNew, q)
+			}
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueueOthers(ctx, e.Object, q)
 		},
 	}
 }

@@ -178,6 +178,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
 		Metrics:       testMetrics,
 		ClusterDomain: "cluster.local",
+		MaxEndpoints:  suiteMaxEndpoints,
 	}
 	r.observePropagation = propagationSamples.add
 	suiteReconciler = r
@@ -196,6 +197,11 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	}
 	return nil
 }
+
+// suiteMaxEndpoints lowers the endpoint limit of a ServiceEntry so a test can pass it with a few
+// dozen pods; no other test's Service has more than 50 endpoints. The real limit is checked
+// against the API server by TestServiceEntrySize_EtcdRefusesAboveTheLimit.
+const suiteMaxEndpoints = 60
 
 func zapLevel() zapLevelT {
 	if os.Getenv("ADAPTIVELB_TEST_DEBUG") != "" {

@@ -22,33 +22,36 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		spec string // JSON merged over {"targetRef":{"name":"web"}}
 		want string
 	}{
-		"interval that is not a duration": {`{"interval":"soon"}`, "spec.interval: Invalid value: \"soon\": interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got soon"},
-		"interval without a unit":         {`{"interval":"30"}`, "interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got 30"},
-		"interval too short":              {`{"interval":"1s"}`, "interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got 1s"},
-		"interval too long":               {`{"interval":"20m"}`, "interval must be a duration between 5s and 10m"},
-		"port 0":                          {`{"ports":[80,0]}`, "spec.ports[1]: Invalid value: 0: spec.ports[1] in body should be greater than or equal to 1"},
-		"port above 65535":                {`{"ports":[70000]}`, "spec.ports[0]: Invalid value: 70000: spec.ports[0] in body should be less than or equal to 65535"},
-		"minWeight below 1":               {`{"minWeight":0}`, "spec.minWeight: Invalid value: 0: spec.minWeight in body should be greater than or equal to 1"},
-		"maxWeight above the limit":       {`{"maxWeight":2000000}`, "spec.maxWeight in body should be less than or equal to 1000000"},
-		"minWeight above maxWeight":       {`{"minWeight":500,"maxWeight":100}`, "minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"},
-		"unknown algorithm":               {`{"algorithm":"fastest"}`, `spec.algorithm: Unsupported value: "fastest": supported values: "capacity", "cpu-distance"`},
-		"unknown mode":                    {`{"mode":"Sometimes"}`, `spec.mode: Unsupported value: "Sometimes": supported values: "Active", "DryRun"`},
-		"gain above 1":                    {`{"capacity":{"gain":"1.5"}}`, "spec.capacity.gain: Invalid value: \"1.5\": gain must be a decimal above 0 and at most 1, such as 0.5; got 1.5"},
-		"gain that is not a number":       {`{"capacity":{"gain":"five"}}`, "spec.capacity.gain: Invalid value: \"five\": gain must be a decimal above 0 and at most 1, such as 0.5; got five"},
-		"negative deadBand":               {`{"capacity":{"deadBand":"-0.1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got -0.1"},
-		"deadBand of 1":                   {`{"capacity":{"deadBand":"1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got 1"},
-		"maxStepRatio of 1":               {`{"capacity":{"maxStepRatio":"1"}}`, "maxStepRatio must be a decimal greater than 1, such as 2; got 1"},
-		"maxWeightRatio below 1":          {`{"capacity":{"maxWeightRatio":"0.5"}}`, "maxWeightRatio must be a decimal of at least 1, such as 10; got 0.5"},
-		"planningLoadFactor below 1":      {`{"capacity":{"planningLoadFactor":"0.9"}}`, "planningLoadFactor must be a decimal of at least 1, such as 1.2; got 0.9"},
-		"an overload ratio of 1":          {`{"capacity":{"overloadLatencyRatio":"1"}}`, "overloadLatencyRatio must be a decimal greater than 1, such as 3, or 0 to turn overload detection off; got 1"},
-		"minRequestRate not a number":     {`{"capacity":{"minRequestRate":"1e3"}}`, "spec.capacity.minRequestRate: Invalid value: \"1e3\": minRequestRate must be a non-negative decimal number written as a string, such as 0.5; got 1e3"},
-		"k of zero":                       {`{"cpuDistance":{"k":"0"}}`, "k must be a decimal above 0 and at most 1, such as 0.5; got 0"},
-		"cpu-distance deadBand of 2":      {`{"cpuDistance":{"deadBand":"2"}}`, "spec.cpuDistance.deadBand: Invalid value: \"2\": deadBand must be a decimal of at least 0 and below 1"},
-		"missing target":                  {`{"targetRef":null}`, "spec.targetRef: Required value"},
-		"empty target name":               {`{"targetRef":{"name":""}}`, "spec.targetRef.name in body should be at least 1 chars long"},
-		"invalid target name":             {`{"targetRef":{"name":"Web_Server"}}`, "targetRef.name must name a Service in this namespace: lowercase letters, digits and -, starting with a letter and ending with a letter or digit; got Web_Server"},
-		"invalid exportTo":                {`{"exportTo":["shop","Not A Namespace"]}`, "exportTo entries must be '.' (this namespace), '*' (every namespace), '~' (none) or a namespace name"},
-		"query too long":                  {`{"metrics":{"queries":{"cpu":"` + long + `"}}}`, "spec.metrics.queries.cpu: Too long: may not be more than 4096 bytes"},
+		"interval that is not a duration":             {`{"interval":"soon"}`, "spec.interval: Invalid value: \"soon\": interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got soon"},
+		"interval without a unit":                     {`{"interval":"30"}`, "interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got 30"},
+		"interval too short":                          {`{"interval":"1s"}`, "interval must be a duration between 5s and 10m written as a number and a unit, such as 30s, 2m or 1m30s; got 1s"},
+		"interval too long":                           {`{"interval":"20m"}`, "interval must be a duration between 5s and 10m"},
+		"port 0":                                      {`{"ports":[80,0]}`, "spec.ports[1]: Invalid value: 0: spec.ports[1] in body should be greater than or equal to 1"},
+		"port above 65535":                            {`{"ports":[70000]}`, "spec.ports[0]: Invalid value: 70000: spec.ports[0] in body should be less than or equal to 65535"},
+		"minWeight below 1":                           {`{"minWeight":0}`, "spec.minWeight: Invalid value: 0: spec.minWeight in body should be greater than or equal to 1"},
+		"maxWeight above the limit":                   {`{"maxWeight":2000000}`, "spec.maxWeight in body should be less than or equal to 1000000"},
+		"minWeight above maxWeight":                   {`{"minWeight":500,"maxWeight":100}`, "minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"},
+		"unknown algorithm":                           {`{"algorithm":"fastest"}`, `spec.algorithm: Unsupported value: "fastest": supported values: "capacity", "cpu-distance"`},
+		"unknown mode":                                {`{"mode":"Sometimes"}`, `spec.mode: Unsupported value: "Sometimes": supported values: "Active", "DryRun"`},
+		"gain above 1":                                {`{"capacity":{"gain":"1.5"}}`, "spec.capacity.gain: Invalid value: \"1.5\": gain must be a decimal above 0 and at most 1, such as 0.5; got 1.5"},
+		"gain that is not a number":                   {`{"capacity":{"gain":"five"}}`, "spec.capacity.gain: Invalid value: \"five\": gain must be a decimal above 0 and at most 1, such as 0.5; got five"},
+		"negative deadBand":                           {`{"capacity":{"deadBand":"-0.1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got -0.1"},
+		"deadBand of 1":                               {`{"capacity":{"deadBand":"1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got 1"},
+		"maxStepRatio of 1":                           {`{"capacity":{"maxStepRatio":"1"}}`, "maxStepRatio must be a decimal greater than 1, such as 2; got 1"},
+		"maxWeightRatio below 1":                      {`{"capacity":{"maxWeightRatio":"0.5"}}`, "maxWeightRatio must be a decimal of at least 1, such as 10; got 0.5"},
+		"planningLoadFactor below 1":                  {`{"capacity":{"planningLoadFactor":"0.9"}}`, "planningLoadFactor must be a decimal of at least 1, such as 1.2; got 0.9"},
+		"an overload ratio of 1":                      {`{"capacity":{"overloadLatencyRatio":"1"}}`, "overloadLatencyRatio must be a decimal greater than 1, such as 3, or 0 to turn overload detection off; got 1"},
+		"minRequestRate not a number":                 {`{"capacity":{"minRequestRate":"1e3"}}`, "spec.capacity.minRequestRate: Invalid value: \"1e3\": minRequestRate must be a non-negative decimal number written as a string, such as 0.5; got 1e3"},
+		"k of zero":                                   {`{"cpuDistance":{"k":"0"}}`, "k must be a decimal above 0 and at most 1, such as 0.5; got 0"},
+		"cpu-distance deadBand of 2":                  {`{"cpuDistance":{"deadBand":"2"}}`, "spec.cpuDistance.deadBand: Invalid value: \"2\": deadBand must be a decimal of at least 0 and below 1"},
+		"missing target":                              {`{"targetRef":null}`, "spec.targetRef: Required value"},
+		"empty target name":                           {`{"targetRef":{"name":""}}`, "spec.targetRef.name in body should be at least 1 chars long"},
+		"invalid target name":                         {`{"targetRef":{"name":"Web_Server"}}`, "targetRef.name must name a Service in this namespace: lowercase letters, digits and -, starting with a letter and ending with a letter or digit; got Web_Server"},
+		"invalid exportTo":                            {`{"exportTo":["shop","Not A Namespace"]}`, "exportTo entries must be '.' (this namespace), '*' (every namespace), '~' (none) or a namespace name"},
+		"query too long":                              {`{"metrics":{"queries":{"cpu":"` + long + `"}}}`, "spec.metrics.queries.cpu: Too long: may not be more than 4096 bytes"},
+		"minWeight alone above the default maxWeight": {`{"minWeight":5000}`, "minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"},
+		"maxWeight alone below cpu-distance's default minWeight": {`{"algorithm":"cpu-distance","maxWeight":50}`, "maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"},
+		"minWeight alone above cpu-distance's default maxWeight": {`{"algorithm":"cpu-distance","minWeight":700}`, "minWeight exceeds the algorithm's default maxWeight"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -92,6 +95,28 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 	s, err := EngineSettings(ok)
 	if err != nil || s.MinWeight != 5 || s.MaxWeight != 500 || s.Capacity.Gain != 0.25 {
 		t.Fatalf("engine settings %+v err %v", s, err)
+	}
+	// Every single bound admission accepts gives settings the engine accepts: none passes
+	// admission only to be skipped by the weight cycle.
+	for name, spec := range map[string]adlbv1.AdaptiveLoadBalancerSpec{
+		"minWeight 1000 alone":                {MinWeight: ptr.To[int32](1000)},
+		"maxWeight 10 alone":                  {MaxWeight: ptr.To[int32](10)},
+		"cpu-distance minWeight 600 alone":    {Algorithm: adlbv1.AlgorithmCPUDistance, MinWeight: ptr.To[int32](600)},
+		"cpu-distance maxWeight 100 alone":    {Algorithm: adlbv1.AlgorithmCPUDistance, MaxWeight: ptr.To[int32](100)},
+		"both bounds far from the defaults":   {MinWeight: ptr.To[int32](5000), MaxWeight: ptr.To[int32](90000)},
+		"cpu-distance with both bounds small": {Algorithm: adlbv1.AlgorithmCPUDistance, MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](50)},
+	} {
+		spec.TargetRef = adlbv1.TargetRef{Name: "web"}
+		a := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: f.ns}, Spec: spec}
+		if err := k8s.Create(f.ctx, a); err != nil {
+			t.Fatalf("%s: rejected at admission: %v", name, err)
+		}
+		if _, err := EngineSettings(a); err != nil {
+			t.Errorf("%s: admitted, but the engine refuses it: %v", name, err)
+		}
+		if err := k8s.Delete(f.ctx, a); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

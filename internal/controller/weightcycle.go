@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -26,6 +28,7 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
@@ -104,6 +107,13 @@ type WeightCycle struct {
 	// Membership is the mirror's record of when each endpoint was in its ServiceEntry; the
 	// cycle counts an endpoint's signals over that time only. Nil: the whole window.
 	Membership *Membership
+	// Activity, if set, counts cycles under way; once it is closed none starts.
+	Activity *Activity
+	// AllowQueryOverrides lets spec.metrics.queries replace the operator's queries. Off, they are
+	// ignored and MetricsAvailable says so: the queries run with the operator's TSDB
+	// credentials, and whoever may create an AdaptiveLoadBalancer could otherwise read any
+	// series through status, or slow every Service's cycle with costly queries.
+	AllowQueryOverrides bool
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -184,6 +194,10 @@ type CycleReport struct {
 
 // RunOnce runs one cycle now.
 func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
+	if !w.Activity.enter() {
+		return CycleReport{}, nil // this manager is being replaced
+	}
+	defer w.Activity.exit()
 	start := w.Clock.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -314,17 +328,19 @@ func (w *WeightCycle) debounceAfter() time.Duration {
 
 // dueTarget is one AdaptiveLoadBalancer due this cycle, with what the engine needs.
 type dueTarget struct {
-	key       types.NamespacedName
-	alb       *adlbv1.AdaptiveLoadBalancer
-	se        *networkingv1.ServiceEntry
-	settings  weights.Settings
-	interval  time.Duration
-	queries   metrics.QueryTemplates
-	pods      map[string]*corev1.Pod // by IP
-	podOrder  []string               // IPs in ServiceEntry order
-	current   map[string]int         // weight by IP
-	peerGroup map[string]string      // instance type by IP
-	lastWrite time.Time
+	key      types.NamespacedName
+	alb      *adlbv1.AdaptiveLoadBalancer
+	se       *networkingv1.ServiceEntry
+	settings weights.Settings
+	interval time.Duration
+	queries  metrics.QueryTemplates
+	// overridesIgnored: the spec has query overrides and the operator does not allow them.
+	overridesIgnored bool
+	pods             map[string]*corev1.Pod // by IP
+	podOrder         []string               // IPs in ServiceEntry order
+	current          map[string]int         // weight by IP
+	peerGroup        map[string]string      // instance type by IP
+	lastWrite        time.Time
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
 	health   metricsHealth
@@ -347,22 +363,21 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 	if err := w.Client.List(ctx, &list); err != nil {
 		return nil, nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
 	}
+	w.forgetGone(list.Items)
 	var due []*dueTarget
 	var idle []idleTarget
 	present := make(map[types.NamespacedName]bool, len(list.Items))
 	for i := range list.Items {
 		present[client.ObjectKeyFromObject(&list.Items[i])] = true
 	}
-	for key := range w.known {
-		if !present[key] {
-			delete(w.known, key)
-		}
-	}
-	w.Membership.Retain(present)
+	w.Membership.Retain(present) // forgetGone above dropped the cycle's own state
 	nodeTypes := map[string]string{}
 	for i := range list.Items {
 		alb := &list.Items[i]
 		key := client.ObjectKeyFromObject(alb)
+		if !alb.DeletionTimestamp.IsZero() {
+			continue // its ServiceEntry is being deleted; a weight write must not race that
+		}
 		interval := 30 * time.Second
 		if alb.Spec.Interval != nil {
 			interval = alb.Spec.Interval.Duration
@@ -405,20 +420,28 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
 			current: map[string]int{}, peerGroup: map[string]string{}, warmup: warmup}
 		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
-			d.queries = metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+			q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+			if w.AllowQueryOverrides {
+				d.queries = q
+			} else if q != (metrics.QueryTemplates{}) {
+				d.overridesIgnored = true
+			}
 		}
 		if alb.Status.LastWeightWrite != nil {
 			d.lastWrite = alb.Status.LastWeightWrite.Time
 		}
+		listed, err := w.slicePods(ctx, alb)
+		if err != nil {
+			return nil, nil, err
+		}
 		for _, e := range se.Spec.Endpoints {
 			d.podOrder = append(d.podOrder, e.Address)
 			d.current[e.Address] = int(e.Weight)
-			var pods corev1.PodList
-			if err := w.Client.List(ctx, &pods, client.InNamespace(alb.Namespace), client.MatchingFields{indexPodIP: e.Address}); err != nil {
-				return nil, nil, fmt.Errorf("find the pod of %s: %w", e.Address, err)
+			pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
+			if err != nil {
+				return nil, nil, err
 			}
-			for j := range pods.Items {
-				pod := &pods.Items[j]
+			if pod != nil {
 				d.pods[e.Address] = pod
 				if t, err := w.instanceType(ctx, pod.Spec.NodeName, nodeTypes); err != nil {
 					return nil, nil, err
@@ -456,6 +479,84 @@ func (w *WeightCycle) instanceType(ctx context.Context, nodeName string, seen ma
 type observationKey struct {
 	queries metrics.QueryTemplates
 	pod     types.NamespacedName
+}
+
+// slicePods maps each address of the Service's EndpointSlices to the pod the slice names for it.
+func (w *WeightCycle) slicePods(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (map[string]string, error) {
+	var list discoveryv1.EndpointSliceList
+	if err := w.Client.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexSliceService: alb.Spec.TargetRef.Name}); err != nil {
+		return nil, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	out := map[string]string{}
+	for _, s := range list.Items {
+		for _, ep := range s.Endpoints {
+			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			for _, addr := range ep.Addresses {
+				out[addr] = ep.TargetRef.Name
+			}
+		}
+	}
+	return out, nil
+}
+
+// podOf finds the pod behind an endpoint address: the one the Service's EndpointSlice names, as
+// long as it still has that address; otherwise the only pod with that IP. Host-network pods
+// share their node's IP and are never candidates (the IP index leaves them out), and an IP
+// that two pods claim (one reused before the other's status caught up) gives no pod rather
+// than a guess: without a pod the endpoint just has no metrics this cycle.
+func (w *WeightCycle) podOf(ctx context.Context, namespace, ip, listed string) (*corev1.Pod, error) {
+	if listed != "" {
+		pod := &corev1.Pod{}
+		err := w.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: listed}, pod)
+		if err == nil && !pod.Spec.HostNetwork && slices.Contains(podIPs(pod), ip) {
+			return pod, nil
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("get Pod %s/%s: %w", namespace, listed, err)
+		}
+	}
+	var pods corev1.PodList
+	if err := w.Client.List(ctx, &pods, client.InNamespace(namespace), client.MatchingFields{indexPodIP: ip}); err != nil {
+		return nil, fmt.Errorf("find the pod of %s: %w", ip, err)
+	}
+	if len(pods.Items) != 1 {
+		return nil, nil
+	}
+	return &pods.Items[0], nil
+}
+
+// forgetGone drops the cycle's state (hold timers, last run, status throttle) of every
+// AdaptiveLoadBalancer not in present or marked for deletion, so deleted ones cost no memory
+// and one re-created under the same name starts afresh. The cycle holds w.mu.
+func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
+	live := make(map[types.NamespacedName]bool, len(present))
+	for i := range present {
+		if present[i].DeletionTimestamp.IsZero() {
+			live[client.ObjectKeyFromObject(&present[i])] = true
+		}
+	}
+	for key := range w.states {
+		if !live[key] {
+			delete(w.states, key)
+		}
+	}
+	for key := range w.lastRun {
+		if !live[key] {
+			delete(w.lastRun, key)
+		}
+	}
+	for key := range w.lastStatusWrite {
+		if !live[key] {
+			delete(w.lastStatusWrite, key)
+		}
+	}
+	for key := range w.known {
+		if !live[key] {
+			delete(w.known, key)
+		}
+	}
 }
 
 // fetchResult is one batched fetch, shared by every target with the same interval.
@@ -726,6 +827,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	if !changed {
 		return nil
 	}
+	istio.LimitWeightSum(se.Spec.Endpoints)
 	// Optimistic lock: a membership write may have landed since the read; then the mirror's
 	// version wins and the next cycle retries.
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -759,6 +861,14 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		metricsCond.Message = fmt.Sprintf("metrics fetched; %d of %d pods without usable metrics keep their weight", h.pods-h.complete, h.pods)
 		if h.stale > 0 {
 			metricsCond.Message += fmt.Sprintf(" (%d stale: newest sample %s old, limit %s; %s)", h.stale, h.age.Round(time.Second), h.threshold, staleHint)
+		}
+	}
+	if d.overridesIgnored {
+		const ignored = "spec.metrics.queries ignored: the operator runs without --allow-query-overrides, so the default queries are used"
+		if metricsCond.Status == metav1.ConditionTrue {
+			metricsCond.Reason, metricsCond.Message = adlbv1.ReasonQueryOverridesIgnored, ignored+"; "+metricsCond.Message
+		} else {
+			metricsCond.Message = shorten(metricsCond.Message, 400) + "; " + ignored
 		}
 	}
 	weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: o.Reason, ObservedGeneration: gen}

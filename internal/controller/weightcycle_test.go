@@ -112,6 +112,7 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode, podOpts ...func(i int) []fun
 		Client: operatorClient, APIReader: k8s, Source: src, Recorder: lf.events, Clock: lf.clock,
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
 		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions, Membership: sharedMembership,
+		AllowQueryOverrides: true, // the tests of overrides act as an admin who allowed them
 	}
 	return lf
 }

@@ -13,6 +13,12 @@ import (
 	"time"
 )
 
+// DefaultMaxResponseBytes bounds one query's response when Config.MaxResponseBytes is zero.
+// The operator's queries return one series per pod, about 200 bytes each: 64 MiB is some
+// 300,000 pods. A query that returns more (an override that selects far too many series) is
+// refused instead of holding the cycle and the operator's memory.
+const DefaultMaxResponseBytes = 64 << 20
+
 // DefaultTimeout bounds each query when Config.Timeout is zero.
 const DefaultTimeout = 10 * time.Second
 
@@ -25,6 +31,8 @@ type Config struct {
 	PathPrefix string
 	// Timeout bounds each query (client side, and sent to the server as the query timeout).
 	Timeout time.Duration
+	// MaxResponseBytes bounds one query's response; 0 is DefaultMaxResponseBytes.
+	MaxResponseBytes int64
 
 	// BearerTokenFile is read before the first request and re-read whenever its size or mtime
 	// changes, so rotated service-account or vault tokens are picked up.

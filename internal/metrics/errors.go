@@ -16,6 +16,8 @@ var (
 	ErrInvalidQuery = errors.New("TSDB rejected the query")
 	// ErrTimeout: the request did not complete within the configured timeout.
 	ErrTimeout = errors.New("TSDB query timed out")
+	// ErrResponseTooLarge: the response exceeded Config.MaxResponseBytes.
+	ErrResponseTooLarge = errors.New("TSDB response too large")
 	// ErrUnreachable: no connection could be made (refused, DNS failure, network unreachable, TLS).
 	ErrUnreachable = errors.New("TSDB unreachable")
 	// ErrMalformedResponse: the body was not a valid Prometheus API response.
@@ -164,6 +166,8 @@ func Reason(err error) string {
 		return "http_status"
 	case errors.Is(err, ErrTimeout):
 		return "timeout"
+	case errors.Is(err, ErrResponseTooLarge):
+		return "too_large"
 	case errors.Is(err, ErrUnreachable):
 		return "unreachable"
 	case errors.Is(err, ErrMalformedResponse):

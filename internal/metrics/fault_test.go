@@ -323,3 +323,23 @@ func TestPrometheusSource_FallsBackToGETWhenPOSTIsRefused(t *testing.T) {
 		t.Errorf("methods %v, want each of the 6 queries POSTed then retried with GET", seen)
 	}
 }
+
+// A query whose answer is far larger than the Service's pods warrant (an override selecting every
+// series) is cut off at MaxResponseBytes and fails, instead of holding the cycle and the memory.
+func TestPrometheusSource_RefusesAResponseAboveTheSizeLimit(t *testing.T) {
+	var series []string
+	for i := range 200 {
+		series = append(series, `{"metric":{"namespace":"shop","pod":"other-`+strings.Repeat("x", 40)+string(rune('a'+i%26))+`"},"value":[1795348200,"1"]}`)
+	}
+	body := `{"status":"success","data":{"resultType":"vector","result":[` + strings.Join(series, ",") + `]}}`
+	src, _ := newTestSource(t, Config{URL: fakeTSDB(t, reply(200, body)), MaxResponseBytes: 4096})
+	_, err := src.Fetch(context.Background(), fakeRequest())
+	if !errors.Is(err, ErrResponseTooLarge) || !strings.Contains(err.Error(), "more than 4096 bytes") {
+		t.Fatalf("got %v, want ErrResponseTooLarge naming the limit", err)
+	}
+	// The same answer under the limit is read.
+	src, _ = newTestSource(t, Config{URL: fakeTSDB(t, reply(200, body))})
+	if _, err := src.Fetch(context.Background(), fakeRequest()); errors.Is(err, ErrResponseTooLarge) {
+		t.Fatalf("a %d-byte answer refused under the default limit: %v", len(body), err)
+	}
+}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ type prometheusSource struct {
 	client    api.Client
 	http      *http.Client
 	timeout   time.Duration
+	maxBytes  int64
 	queries   QueryTemplates
 	freshness QueryTemplates
 	labels    Labels
@@ -66,6 +68,7 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 		client:    client,
 		http:      &http.Client{Transport: rt},
 		timeout:   cfg.timeout(),
+		maxBytes:  cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes),
 		queries:   cfg.Queries.Or(DefaultQueries),
 		freshness: cfg.FreshnessQueries.Or(DefaultFreshnessQueries),
 		labels:    cfg.Labels.withDefaults(),
@@ -401,8 +404,11 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 		return podValues{}, 0, nil, &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
 	}
 
-	body := &readErrorRecorder{r: resp.Body}
+	body := &readErrorRecorder{r: &cappedReader{r: resp.Body, left: s.maxBytes, limit: s.maxBytes}}
 	decoded, decodeErr := decodeQueryResponse(body, s.labels, index)
+	if errors.Is(body.err, ErrResponseTooLarge) {
+		return podValues{}, 0, nil, body.err
+	}
 	if body.err != nil { // the transport failed mid-body: a timeout or a reset, not bad JSON
 		return podValues{}, 0, nil, classify(ctx, qctx, body.err, s.timeout)
 	}
@@ -426,6 +432,24 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 		return podValues{}, 0, nil, &NoDataError{}
 	}
 	return decoded.result, decoded.series, nil, nil
+}
+
+// cappedReader fails with ErrResponseTooLarge once more than limit bytes were read.
+type cappedReader struct {
+	r           io.Reader
+	left, limit int64
+}
+
+func (c *cappedReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, fmt.Errorf("%w: more than %d bytes; the query selects far more series than the Service's pods", ErrResponseTooLarge, c.limit)
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
 }
 
 // maxErrorBodyBytes bounds what is read of a non-2xx body.

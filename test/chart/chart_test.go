@@ -152,7 +152,7 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 	if _, ok := plain["PrometheusRule/lb-adaptive-lb"]; ok {
 		t.Error("PrometheusRule rendered by default")
 	}
-	if single := render(t, "replicaCount=1", "leaderElection.enabled=false"); single["Role/lb-adaptive-lb-leader-election"] != nil {
+	if single := render(t, "replicaCount=1", "leaderElection.enabled=false", "failsafe.enabled=false"); single["Role/lb-adaptive-lb-leader-election"] != nil {
 		t.Error("leader-election Role rendered with leader election off")
 	}
 	// A basic-auth username without its password Secret is refused, not rendered half-wired.

@@ -59,6 +59,8 @@ type Input struct {
 	// Ports selects Service ports by number; empty selects all.
 	Ports    []int32
 	ExportTo []string
+	// MaxEndpoints refuses a ServiceEntry with more endpoints (ErrTooLarge); 0 is MaxEndpoints.
+	MaxEndpoints int
 }
 
 // Endpoint is one mirrored endpoint, as the status reports it.
@@ -106,7 +108,12 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 	var entries []*apinetworkingv1.WorkloadEntry
 	var endpoints []Endpoint
 	seen := map[string]bool{}
-	for _, slice := range in.Slices {
+	// The cache lists slices in no fixed order, and an address in two slices (a pod IP reused
+	// while the old slice is not yet updated) keeps the first one's pod: decide by name, so the
+	// same cluster state always gives the same ServiceEntry.
+	slices := append([]*discoveryv1.EndpointSlice(nil), in.Slices...)
+	sort.SliceStable(slices, func(i, j int) bool { return slices[i].Name < slices[j].Name })
+	for _, slice := range slices {
 		if slice.AddressType != discoveryv1.AddressTypeIPv4 && slice.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}
@@ -162,6 +169,11 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 			}
 		}
 	}
+	if LimitWeightSum(entries) {
+		for i := range entries {
+			endpoints[i].Weight = entries[i].Weight
+		}
+	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Address < entries[j].Address })
 	sort.Slice(endpoints, func(i, j int) bool { return endpoints[i].IP < endpoints[j].IP })
 
@@ -172,6 +184,9 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 		Resolution: apinetworkingv1.ServiceEntry_STATIC,
 		Endpoints:  entries,
 		ExportTo:   append([]string(nil), in.ExportTo...),
+	}
+	if err := checkSize(spec, in.MaxEndpoints); err != nil {
+		return nil, nil, fmt.Errorf("Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return spec, endpoints, nil
 }

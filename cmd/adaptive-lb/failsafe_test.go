@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+func TestFailsafe_RejectsBadFlags(t *testing.T) {
+	code, _, errOut := runCLI(t, "failsafe", "--stale-after", "10s", "--check-interval", "1m")
+	if code != exitUsageError || !strings.Contains(errOut, "--check-interval 1m0s must not exceed --stale-after 10s") {
+		t.Fatalf("exit %d stderr %q", code, errOut)
+	}
+}
+
+// lockedBuffer is a log sink a test may read while the command writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startFailsafe runs `adaptive-lb failsafe` in-process as the watchdog's own ServiceAccount
+// (config/rbac/failsafe.yaml) until the returned stop is called.
+func (c *opsCluster) startFailsafe(args ...string) (stop func(), logs *lockedBuffer) {
+	kubeconfig := kubeconfigFile(c.t, c.env, "system:serviceaccount:"+operatorNamespace+":adaptive-lb-failsafe")
+	ctx, cancel := context.WithCancel(c.ctx)
+	logs = &lockedBuffer{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		root := newRootCmd(io.Discard, logs)
+		root.SetArgs(append([]string{"failsafe", "--kubeconfig", kubeconfig, "--leader-election-namespace", operatorNamespace}, args...))
+		if err := root.ExecuteContext(ctx); err != nil {
+			fmt.Fprintf(logs, "failsafe stopped: %v\n", err)
+		}
+	}()
+	return func() { cancel(); <-done }, logs
+}
+
+func (c *opsCluster) serviceEntryGone() bool {
+	err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web"}, &networkingv1.ServiceEntry{})
+	return apierrors.IsNotFound(err)
+}
+
+// waitFor polls cond for up to a minute; the bound only stops a hung test.
+func (c *opsCluster) waitFor(what string, cond func() bool, logs ...fmt.Stringer) {
+	c.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var all []string
+	for _, l := range logs {
+		all = append(all, l.String())
+	}
+	c.t.Fatalf("%s: not after 60s; logs:\n%s", what, strings.Join(all, "\n"))
+}
+
+// With every operator replica gone, the watchdog deletes the ServiceEntry that went stale (pods
+// left it meanwhile), so clients fall back to the Kubernetes endpoints; the operator, back,
+// re-creates it with the current endpoints. The watchdog runs with its own least-privilege RBAC.
+func TestFailsafe_DeletesStaleServiceEntriesUntilTheOperatorIsBack(t *testing.T) {
+	c := newOpsCluster(t)
+	c.setReady(3)
+	c.createALB()
+	stopA, logsA := c.start("A", false)
+	c.waitForEndpoints(3, logsA)
+
+	stopWatchdog, watchdogLogs := c.startFailsafe("--stale-after", "6s", "--check-interval", "200ms", "--log-level", "debug")
+	defer stopWatchdog()
+	// While the operator renews its lease, the watchdog leaves its ServiceEntry alone.
+	c.waitFor("watchdog saw the lease renewed", func() bool {
+		return strings.Count(watchdogLogs.String(), "leader lease fresh") >= 10
+	}, watchdogLogs)
+	if c.serviceEntryGone() {
+		t.Fatalf("the watchdog deleted the ServiceEntry of a live operator:\n%s", watchdogLogs)
+	}
+
+	// Every replica crashes (no lease release); two pods leave: the ServiceEntry is now stale.
+	stopA()
+	c.setReady(1)
+	c.waitFor("the watchdog deletes the stale ServiceEntry", c.serviceEntryGone, watchdogLogs)
+	// The log line follows the deletion.
+	c.waitFor("the deletion is logged", func() bool {
+		return strings.Contains(watchdogLogs.String(), "no operator has renewed the leader lease")
+	}, watchdogLogs)
+
+	// The operator returns: it re-creates the ServiceEntry with the current endpoints, and the
+	// watchdog, seeing the lease renewed, leaves it.
+	stopB, logsB := c.start("B", true)
+	defer stopB()
+	c.waitForEndpoints(1, logsB)
+	c.waitFor("the watchdog notices the operator is back", func() bool {
+		return strings.Contains(watchdogLogs.String(), "the operator renews its lease again")
+	}, watchdogLogs)
+	n := strings.Count(watchdogLogs.String(), "leader lease fresh")
+	c.waitFor("a few more checks", func() bool { return strings.Count(watchdogLogs.String(), "leader lease fresh") >= n+10 }, watchdogLogs)
+	if c.serviceEntryGone() {
+		t.Fatalf("the watchdog deleted the ServiceEntry after the operator came back:\n%s", watchdogLogs)
+	}
+}
+
+// The chart's uninstall hook: once the operator has let go of its lease (its pods stopped
+// gracefully), every managed ServiceEntry is deleted and the command exits.
+func TestFailsafe_UninstallDeletesTheServiceEntriesOnceTheOperatorIsGone(t *testing.T) {
+	c := newOpsCluster(t)
+	c.setReady(2)
+	c.createALB()
+	stop, logs := c.start("A", true)
+	c.waitForEndpoints(2, logs)
+	stop() // graceful: the lease is released
+	stopHook, hookLogs := c.startFailsafe("--uninstall", "--check-interval", "200ms")
+	defer stopHook()
+	c.waitFor("the hook deletes the ServiceEntry", c.serviceEntryGone, hookLogs)
+	c.waitFor("the hook exits", func() bool { return strings.Contains(hookLogs.String(), "deleted the managed ServiceEntries") }, hookLogs)
+	if strings.Contains(hookLogs.String(), "failsafe stopped") {
+		t.Fatalf("the hook failed:\n%s", hookLogs)
+	}
+}
+
+// BenchmarkFailsafeFallback measures the time from the last operator replica's crash to the
+// deletion of its stale ServiceEntry by the watchdog (--stale-after 30s, --check-interval 5s):
+// the lease's last renewal precedes the crash by up to the retry period.
+//
+//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s go test -run '^$' -bench FailsafeFallback -benchtime 1x ./cmd/adaptive-lb/
+func BenchmarkFailsafeFallback(b *testing.B) {
+	c := newOpsCluster(b)
+	c.setReady(3)
+	c.createALB()
+	for b.Loop() {
+		stopA, logsA := c.start("A", false)
+		c.waitForEndpoints(3, logsA)
+		stopWatchdog, watchdogLogs := c.startFailsafe("--stale-after", "30s", "--check-interval", "5s")
+		time.Sleep(6 * time.Second) // the watchdog has seen the lease renewed
+		t0 := time.Now()
+		stopA()
+		c.waitFor("fallback", c.serviceEntryGone, watchdogLogs)
+		fallback := time.Since(t0)
+		stopB, logsB := c.start("B", true)
+		t1 := time.Now()
+		c.waitForEndpoints(3, logsB)
+		back := time.Since(t1)
+		stopB()
+		stopWatchdog()
+		b.ReportMetric(fallback.Seconds(), "fallback_s")
+		b.ReportMetric(back.Seconds(), "rebuilt_s")
+	}
+}
+
+// The chart's watchdog Deployment and uninstall hook Job pass flags to `adaptive-lb failsafe`;
+// each rendered argument list is parsed by the failsafe command's own flag set.
+func TestDeployFlags_TheWatchdogAndHookFlagsExist(t *testing.T) {
+	helm := os.Getenv("ADAPTIVELB_HELM_BIN")
+	if helm == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("ADAPTIVELB_HELM_BIN is not set: run `make test`")
+		}
+		t.Skip("ADAPTIVELB_HELM_BIN is not set: run `make test`, which builds helm")
+	}
+	out, err := exec.Command(helm, "template", "lb", "../../charts/adaptive-lb", "--namespace", "adaptive-lb-system", "--kube-version", "1.36.3",
+		"--set", "watchNamespaces={shop,web}").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string][]string{}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			break
+		}
+		if u.GetKind() != "Deployment" && u.GetKind() != "Job" {
+			continue
+		}
+		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		for _, c := range containers {
+			m := c.(map[string]any)
+			if name := m["name"].(string); name == "failsafe" || name == "uninstall" {
+				for _, v := range m["args"].([]any) {
+					found[name] = append(found[name], v.(string))
+				}
+			}
+		}
+	}
+	for _, name := range []string{"failsafe", "uninstall"} {
+		args := found[name]
+		if len(args) == 0 || args[0] != "failsafe" {
+			t.Fatalf("%s container args %q do not start with the failsafe command", name, args)
+		}
+		cmd := newFailsafeCmd()
+		if err := cmd.ParseFlags(args[1:]); err != nil {
+			t.Fatalf("adaptive-lb failsafe rejects the %s container's args %q: %v", name, args, err)
+		}
+		for _, a := range args[1:] {
+			if flag := strings.SplitN(strings.TrimPrefix(a, "--"), "=", 2)[0]; !cmd.Flags().Changed(flag) {
+				t.Errorf("%s: flag %q was not parsed as set", name, flag)
+			}
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package istio
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	apinetworkingv1 "istio.io/api/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+)
+
+// OrdinaryLabels are the labels of a pod of a typical Helm-installed Deployment in the mesh,
+// the basis of MaxEndpoints.
+func OrdinaryLabels(app string) map[string]string {
+	return map[string]string{
+		"app": app, "version": "v1", "pod-template-hash": "7d9f8b6c4d",
+		"app.kubernetes.io/name": app, "app.kubernetes.io/instance": app + "-prod", "app.kubernetes.io/version": "1.24.3",
+		"app.kubernetes.io/component": "backend", "app.kubernetes.io/part-of": "shop",
+		"service.istio.io/canonical-name": app, "service.istio.io/canonical-revision": "v1",
+	}
+}
+
+// largeInput is a Service of n pods with the labels labels gives, all at weight w, over three
+// zones.
+func largeInput(n int, w uint32, labels func() map[string]string) Input {
+	in := Input{Service: service(), Pods: map[string]*corev1.Pod{}, Nodes: map[string]*corev1.Node{}, Weights: map[string]uint32{},
+		DefaultWeight: w, ClusterDomain: "cluster.local", MaxEndpoints: n}
+	for z := range 3 {
+		in.Nodes[fmt.Sprintf("node-%d", z)] = node(fmt.Sprintf("node-%d", z), "eu-west", fmt.Sprintf("eu-west-1%c", 'a'+z))
+	}
+	var eps []discoveryv1.Endpoint
+	for i := range n {
+		name, ip := fmt.Sprintf("web-%05d", i), fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
+		p := pod(name, ip, fmt.Sprintf("node-%d", i%3))
+		p.Labels = labels()
+		in.Pods[name] = p
+		eps = append(eps, endpoint(name, ip, fmt.Sprintf("eu-west-1%c", 'a'+i%3)))
+	}
+	in.Slices = []*discoveryv1.EndpointSlice{slice("web-1", discoveryv1.AddressTypeIPv4, eps...)}
+	return in
+}
+
+func TestLimitWeightSum_NoLocalityCanOverflowEnvoysUint32(t *testing.T) {
+	cases := map[string]struct {
+		n       int
+		weight  uint32
+		scaled  bool
+		ratioOf [2]int // two endpoints whose ratio must survive
+	}{
+		"4,296 endpoints just pass the sum":               {n: 4296, weight: 1_000_000, scaled: true},
+		"4,294 endpoints fit and are left alone":          {n: 4294, weight: 1_000_000, scaled: false},
+		"2,000 endpoints at the default weights are fine": {n: 2000, weight: 100, scaled: false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			// Few labels, so that the size limit does not refuse first.
+			in := largeInput(tc.n, tc.weight, func() map[string]string { return map[string]string{"app": "web"} })
+			// One endpoint at a tenth of the others: the ratio must survive scaling.
+			in.Weights["web-00000"] = tc.weight / 10
+			spec, eps, err := Build(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sum uint64
+			perLocality := map[string]uint64{}
+			for _, e := range spec.Endpoints {
+				sum += uint64(e.Weight)
+				perLocality[e.Locality] += uint64(e.Weight)
+				if e.Weight == 0 {
+					t.Fatalf("endpoint %s has weight 0, which Envoy ignores", e.Address)
+				}
+			}
+			if sum > MaxWeightSum {
+				t.Fatalf("weight sum %d exceeds %d", sum, uint64(MaxWeightSum))
+			}
+			for l, s := range perLocality {
+				if s > MaxWeightSum {
+					t.Fatalf("locality %s sums to %d", l, s)
+				}
+			}
+			if changed := spec.Endpoints[1].Weight != tc.weight; changed != tc.scaled {
+				t.Fatalf("scaled %v, want %v (weight %d)", changed, tc.scaled, spec.Endpoints[1].Weight)
+			}
+			// The status view reports the weights written.
+			for i := range eps {
+				if eps[i].Weight != spec.Endpoints[i].Weight {
+					t.Fatalf("status weight %d, ServiceEntry weight %d for %s", eps[i].Weight, spec.Endpoints[i].Weight, eps[i].IP)
+				}
+			}
+			small, big := spec.Endpoints[0].Weight, spec.Endpoints[1].Weight
+			if r := float64(big) / float64(small); r < 9.99 || r > 10.01 {
+				t.Fatalf("the 1:10 ratio became 1:%.3f", r)
+			}
+		})
+	}
+}
+
+// Directly, at the size the issue names: 9,000 endpoints at the largest weight.
+func TestLimitWeightSum_NineThousandEndpointsAtTheLargestWeight(t *testing.T) {
+	var entries []*apinetworkingv1.WorkloadEntry
+	for range 9000 {
+		entries = append(entries, &apinetworkingv1.WorkloadEntry{Weight: 1_000_000})
+	}
+	entries[0].Weight = 1 // the smallest weight stays at least 1
+	if !LimitWeightSum(entries) {
+		t.Fatal("not scaled")
+	}
+	var sum uint64
+	for _, e := range entries {
+		sum += uint64(e.Weight)
+	}
+	if sum > MaxWeightSum || entries[0].Weight != 1 || entries[1].Weight < 470_000 {
+		t.Fatalf("sum %d, weights %d and %d", sum, entries[0].Weight, entries[1].Weight)
+	}
+}
+
+func ordinary() map[string]string { return OrdinaryLabels("web") }
+
+func TestBuild_RefusesAServiceEntryTooLargeForEtcd(t *testing.T) {
+	if _, _, err := Build(largeInput(MaxEndpoints, 100, ordinary)); err != nil {
+		t.Fatalf("%d endpoints with ordinary labels: %v", MaxEndpoints, err)
+	}
+	in := largeInput(MaxEndpoints+1, 100, ordinary)
+	in.MaxEndpoints = 0 // the default
+	_, _, err := Build(in)
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("%d endpoints: err %v, want ErrTooLarge", MaxEndpoints+1, err)
+	}
+	want := fmt.Sprintf("Service shop/web: ServiceEntry too large: %d ready endpoints, above the limit of %d that keeps a ServiceEntry within etcd's 1.5 MiB object size; its clients use the Kubernetes endpoints without weights", MaxEndpoints+1, MaxEndpoints)
+	if err.Error() != want {
+		t.Fatalf("message\n%s\nwant\n%s", err, want)
+	}
+	// Fewer endpoints with very long labels are refused by size.
+	in = largeInput(600, 100, ordinary)
+	for _, p := range in.Pods {
+		for i := range 8 {
+			p.Labels[fmt.Sprintf("example.com/annotation-like-label-%d", i)] = fmt.Sprintf("%0250d", i)
+		}
+	}
+	if _, _, err := Build(in); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("600 endpoints with 2 KB of labels each: err %v, want ErrTooLarge", err)
+	}
+}
+
+// Slices listed in another order give the same ServiceEntry, also when an address appears in two
+// of them (an IP reused before the old slice is updated).
+func TestBuild_SliceOrderDoesNotMatter(t *testing.T) {
+	in := input()
+	in.Pods["web-old"] = pod("web-old", "10.0.0.1", "node-1")
+	in.Pods["web-old"].Labels = map[string]string{"app": "web", "version": "v0"}
+	a := slice("web-a", discoveryv1.AddressTypeIPv4, endpoint("web-a", "10.0.0.1", "eu-west-1a"), endpoint("web-b", "10.0.0.2", "eu-west-1b"))
+	a.Name = "web-a"
+	b := slice("web-b", discoveryv1.AddressTypeIPv4, endpoint("web-old", "10.0.0.1", "eu-west-1a"))
+	b.Name = "web-b"
+	in.Slices = []*discoveryv1.EndpointSlice{a, b}
+	first, _, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Slices = []*discoveryv1.EndpointSlice{b, a}
+	second, _, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(first, second) {
+		t.Fatalf("slice order changed the ServiceEntry:\n%v\n%v", first, second)
+	}
+}
