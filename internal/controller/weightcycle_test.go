@@ -447,8 +447,11 @@ func TestWeightCycle_BudgetBurstAndCarryOver(t *testing.T) {
 		if len(rep.Written) > budget || len(ours) != min(budget, pending) {
 			t.Fatalf("cycle %d: %d writes (%d ours) for %d pending; want min(budget %d, pending)", c, len(rep.Written), len(ours), pending, budget)
 		}
-		if rep.Pushes != 1 {
-			t.Fatalf("cycle %d: the burst costs %d estimated pushes, want 1 (writes at %v)", c, rep.Pushes, rep.Writes)
+		// The estimate is istiod's debounce applied to when the writes really landed. How many
+		// pushes that is depends on how fast this machine's API server answered, so the test
+		// checks the estimate against the model, not against a count (tests never time anything).
+		if want := len(pushmodel.Pushes(rep.Writes, pushmodel.DefaultConfig())); rep.Pushes != want || (len(rep.Writes) > 0 && rep.Pushes < 1) {
+			t.Fatalf("cycle %d: the burst is reported as %d estimated pushes, istiod's debounce gives %d for writes at %v", c, rep.Pushes, want, rep.Writes)
 		}
 		// In order of need: nothing deferred needed more than what was written this cycle.
 		minWritten := math.Inf(1)
