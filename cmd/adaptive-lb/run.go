@@ -251,8 +251,10 @@ func (o *runOptions) run(ctx context.Context) error {
 			// fresh manager rejoins the election as a standby and rebuilds its caches.
 			logger.Error(err, "lost the leader lease; rejoining the election as a standby without restarting")
 			rejoining, wait = true, o.retryPeriod
-		case rejoining && err != nil && !errors.Is(err, errIstioCRDsMissing):
-			// Rebuilding needs the API server, which may still be down: keep trying.
+		case rejoining && err != nil:
+			// Rebuilding needs the API server, which may still be down: keep trying. That
+			// includes a missing ServiceEntry CRD: a restarted API server serves discovery for
+			// CRDs only once it has loaded them, so for a moment Istio's CRDs look absent.
 			logger.Error(err, "cannot rejoin yet; retrying", "in", wait)
 			wait = min(2*wait, maxRejoinWait)
 		default:
