@@ -66,11 +66,16 @@ func (p *pod) advance(t float64) {
 		if n > 0 {
 			if p.throttled {
 				p.throttledFor += dt
+			} else if nf := float64(n); nf <= p.cores {
+				// Every request has a CPU of its own: its share busy/n is exactly 1, so no
+				// division is needed for the same result.
+				p.vwork += dt
+				p.used += nf * dt
+				p.cpu += nf * dt
 			} else {
-				busy := math.Min(float64(n), p.cores)
-				p.vwork += busy / float64(n) * dt
-				p.used += busy * dt
-				p.cpu += busy * dt
+				p.vwork += p.cores / nf * dt
+				p.used += p.cores * dt
+				p.cpu += p.cores * dt
 			}
 		}
 		p.lastT = t
@@ -96,22 +101,19 @@ func (p *pod) nextWake(finish []float64) float64 {
 	if p.throttled {
 		return p.periodEnd
 	}
-	rate := math.Min(float64(n), p.cores) / float64(n)
 	minFinish := math.Inf(1)
 	for _, id := range p.running {
-		if f := finish[id]; f < minFinish {
-			minFinish = f
-		}
+		minFinish = min(minFinish, finish[id])
 	}
-	wake := p.lastT + math.Max(0, minFinish-p.vwork)/rate
+	// Each request progresses at busy/n CPUs; with no more requests than cores that is exactly 1.
+	nf := float64(n)
+	busy := min(nf, p.cores)
+	wake := p.lastT + max(0, minFinish-p.vwork)
+	if nf > p.cores {
+		wake = p.lastT + max(0, minFinish-p.vwork)/(busy/nf)
+	}
 	if p.quota > 0 {
-		busy := math.Min(float64(n), p.cores)
-		if ex := p.lastT + math.Max(0, p.quota-p.used)/busy; ex < wake {
-			wake = ex
-		}
-		if p.periodEnd < wake {
-			wake = p.periodEnd
-		}
+		wake = min(wake, p.lastT+max(0, p.quota-p.used)/busy, p.periodEnd)
 	}
 	return wake
 }

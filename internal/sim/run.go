@@ -534,10 +534,11 @@ func (s *simulation) onResponse(t float64, id int32) {
 		s.orcaReport(t, int(r.proxy), r.pod)
 	}
 	ms := float32((t - r.sent) * 1000)
-	s.bucketLat.add(ms)
+	bucket := sketchIndex(ms)
+	s.bucketLat.addAt(bucket, ms)
 	if r.sent >= s.warmup {
-		s.latency.add(ms)
-		s.podLat[r.pod].add(ms)
+		s.latency.addAt(bucket, ms)
+		s.podLat[r.pod].addAt(bucket, ms)
 		if s.keepLatencies {
 			s.latencies = append(s.latencies, ms)
 			s.latencyAt = append(s.latencyAt, float32(t))
