@@ -251,12 +251,9 @@ func (s *simulation) nextArrival(now float64) float64 {
 }
 
 func (s *simulation) loop() error {
-	for {
-		ev, ok := s.q.pop()
-		if !ok || ev.t > s.end {
-			break
-		}
-		switch ev.kind {
+	var ev event
+	for s.q.pop(&ev) && ev.t <= s.end {
+		switch ev.kind() {
 		case evArrival:
 			s.onArrival(ev.t)
 		case evPodArrive:
