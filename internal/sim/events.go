@@ -1,6 +1,9 @@
 package sim
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // eventKind enumerates what can happen in the simulation.
 type eventKind uint8
@@ -43,8 +46,8 @@ func (e *event) before(o *event) bool {
 //   - the next client arrival: there is only ever one;
 //   - events a constant delay after now (a network hop, a probe's round trip): scheduled in time
 //     order, so a FIFO per delay is already sorted;
-//   - pod wakes: at most one pending per pod, in a small heap indexed by pod that is updated in
-//     place when a pod's wake moves (a plain heap would pile up stale wakes).
+//   - pod wakes: at most one pending per pod, in a tournament tree over the pods that is updated
+//     in place when a pod's wake moves (a plain heap would pile up stale wakes).
 //
 // Everything else (snapshots, controller cycles, scenario events) goes to a general heap. Every
 // event gets its seq from one counter, so the order, ties included, is the one a single heap
@@ -55,7 +58,7 @@ type scheduler struct {
 	hasArrival bool
 	hop        fifo // delay: half the network round trip
 	probe      fifo // delay: a Prequal probe's round trip
-	wakes      wakeHeap
+	wakes      wakeTree
 	other      eventHeap
 	// fired is the pod whose wake pop handed out last, left in place for the pod to reschedule
 	// (setWake moves it, cancelWake drops it), while hasFired.
@@ -195,85 +198,79 @@ func (f *fifo) drop() {
 	}
 }
 
-// wakeHeap is a binary min-heap of pods' pending wakes with each pod's position, so that a wake
-// can be moved or dropped where it is.
-type wakeHeap struct {
-	items []event // items[i].a is the pod id
-	pos   []int   // by pod id: index in items, or -1
+// wakeTree holds each pod's pending wake in a tournament tree: every inner node names the pod
+// with the earliest wake below it, so the earliest is at the root, and moving or dropping a
+// pod's wake replays only the log₂(pods) matches on its path, with no positions to keep. Pods
+// wake about once per request and a wake moves with almost every arrival.
+type wakeTree struct {
+	wakes  []event // by pod id; t is +Inf when none is pending
+	winner []int32 // inner nodes 1..size-1; node size+i is the leaf of pod i
+	size   int     // leaves: a power of two, at least 2
 }
 
-func (h *wakeHeap) peek() *event {
-	if len(h.items) == 0 {
+func (w *wakeTree) peek() *event {
+	if w.size == 0 {
 		return nil
 	}
-	return &h.items[0]
+	e := &w.wakes[w.winner[1]]
+	if math.IsInf(e.t, 1) {
+		return nil
+	}
+	return e
 }
 
-func (h *wakeHeap) set(e event) {
-	for int(e.a) >= len(h.pos) {
-		h.pos = append(h.pos, -1)
+func (w *wakeTree) set(e event) {
+	if int(e.a) >= w.size {
+		w.grow(int(e.a) + 1)
 	}
-	i := h.pos[e.a]
-	if i < 0 {
-		h.items = append(h.items, e)
-		i = len(h.items) - 1
-		h.pos[e.a] = i
-		h.up(i)
+	w.wakes[e.a] = e
+	w.replay(int(e.a))
+}
+
+func (w *wakeTree) remove(pod int32) {
+	if int(pod) >= w.size {
 		return
 	}
-	h.items[i] = e
-	h.down(h.up(i))
+	w.wakes[pod].t = math.Inf(1)
+	w.replay(int(pod))
 }
 
-func (h *wakeHeap) remove(pod int32) {
-	if int(pod) >= len(h.pos) || h.pos[pod] < 0 {
-		return
-	}
-	i, last := h.pos[pod], len(h.items)-1
-	h.pos[pod] = -1
-	if i != last {
-		h.items[i] = h.items[last]
-		h.pos[h.items[i].a] = i
-	}
-	h.items = h.items[:last]
-	if i < last {
-		h.down(h.up(i))
+// replay reruns the matches from pod's leaf up to the root.
+func (w *wakeTree) replay(pod int) {
+	for node := (w.size + pod) >> 1; node >= 1; node >>= 1 {
+		w.winner[node] = w.match(2*node, 2*node+1)
 	}
 }
 
-func (h *wakeHeap) swap(i, j int) {
-	h.items[i], h.items[j] = h.items[j], h.items[i]
-	h.pos[h.items[i].a], h.pos[h.items[j].a] = i, j
-}
-
-func (h *wakeHeap) up(i int) int {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !h.items[i].before(&h.items[p]) {
-			break
-		}
-		h.swap(i, p)
-		i = p
+// match returns the pod with the earlier wake of the two nodes' winners.
+func (w *wakeTree) match(left, right int) int32 {
+	l, r := w.leader(left), w.leader(right)
+	if w.wakes[r].before(&w.wakes[l]) {
+		return r
 	}
-	return i
+	return l
 }
 
-func (h *wakeHeap) down(i int) {
-	n := len(h.items)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && h.items[r].before(&h.items[l]) {
-			m = r
-		}
-		if !h.items[m].before(&h.items[i]) {
-			return
-		}
-		h.swap(i, m)
-		i = m
+func (w *wakeTree) leader(node int) int32 {
+	if node >= w.size {
+		return int32(node - w.size)
+	}
+	return w.winner[node]
+}
+
+// grow makes room for pods pod ids and replays every match.
+func (w *wakeTree) grow(pods int) {
+	size := max(2, w.size)
+	for size < pods {
+		size *= 2
+	}
+	for len(w.wakes) < size {
+		w.wakes = append(w.wakes, event{t: math.Inf(1), a: int32(len(w.wakes))})
+	}
+	w.size = size
+	w.winner = make([]int32, size)
+	for node := size - 1; node >= 1; node-- {
+		w.winner[node] = w.match(2*node, 2*node+1)
 	}
 }
 
