@@ -106,6 +106,9 @@ func (q *scheduler) push(t float64, kind eventKind, a int32, b uint32) {
 	q.other.push(q.next(t, kind, a, b))
 }
 
+// noEvent stands for an empty source in pop: it comes after every event. Never written.
+var noEvent = event{t: math.Inf(1), key: math.MaxUint64}
+
 // pop removes the earliest event and copies it to ev; false when none is left.
 func (q *scheduler) pop(ev *event) bool {
 	const (
@@ -120,24 +123,24 @@ func (q *scheduler) pop(ev *event) bool {
 		q.wakes.remove(q.fired)
 		q.hasFired = false
 	}
-	src := none
-	var best *event
+	// Every source offers an event, noEvent when it has none, so each is one comparison.
+	src, best := none, &noEvent
 	if q.hasArrival {
 		best, src = &q.arrival, arrival
 	}
-	if e := q.hop.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.hop.first(); e.before(best) {
 		best, src = e, hop
 	}
-	if e := q.probe.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.probe.first(); e.before(best) {
 		best, src = e, probe
 	}
-	if e := q.wakes.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.wakes.head(); e.before(best) {
 		best, src = e, wake
 	}
-	if e := q.other.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.other.head(); e.before(best) {
 		best, src = e, other
 	}
-	if best == nil {
+	if math.IsInf(best.t, 1) { // nothing pending (an idle wake tree's root is at +Inf)
 		return false
 	}
 	*ev = *best
@@ -184,9 +187,10 @@ func outOfOrder(t, last float64) {
 	panic(fmt.Sprintf("sim: event at t=%v queued after one at t=%v: a constant-delay queue got a variable delay", t, last))
 }
 
-func (f *fifo) peek() *event {
+// first returns the first event, or noEvent when the queue is empty.
+func (f *fifo) first() *event {
 	if f.head == len(f.items) {
-		return nil
+		return &noEvent
 	}
 	return &f.items[f.head]
 }
@@ -208,15 +212,13 @@ type wakeTree struct {
 	size   int     // leaves: a power of two, at least 2
 }
 
-func (w *wakeTree) peek() *event {
+// head returns the earliest wake, which is at +Inf when no pod has one pending, or noEvent
+// before the first pod.
+func (w *wakeTree) head() *event {
 	if w.size == 0 {
-		return nil
+		return &noEvent
 	}
-	e := &w.wakes[w.winner[1]]
-	if math.IsInf(e.t, 1) {
-		return nil
-	}
-	return e
+	return &w.wakes[w.winner[1]]
 }
 
 func (w *wakeTree) set(e event) {
@@ -235,20 +237,28 @@ func (w *wakeTree) remove(pod int32) {
 	w.replay(int(pod))
 }
 
-// replay reruns the matches from pod's leaf up to the root.
+// replay reruns the matches from pod's leaf up to the root: first pod against its sibling leaf,
+// then between inner nodes' winners.
 func (w *wakeTree) replay(pod int) {
-	for node := (w.size + pod) >> 1; node >= 1; node >>= 1 {
-		w.winner[node] = w.match(2*node, 2*node+1)
+	wakes, winner := w.wakes, w.winner
+	node := (w.size + pod) >> 1
+	winner[node] = earlier(wakes, int32(pod&^1), int32(pod|1))
+	for node >>= 1; node >= 1; node >>= 1 {
+		winner[node] = earlier(wakes, winner[2*node], winner[2*node+1])
 	}
+}
+
+// earlier returns whichever of pods l and r wakes first.
+func earlier(wakes []event, l, r int32) int32 {
+	if wakes[r].before(&wakes[l]) {
+		return r
+	}
+	return l
 }
 
 // match returns the pod with the earlier wake of the two nodes' winners.
 func (w *wakeTree) match(left, right int) int32 {
-	l, r := w.leader(left), w.leader(right)
-	if w.wakes[r].before(&w.wakes[l]) {
-		return r
-	}
-	return l
+	return earlier(w.wakes, w.leader(left), w.leader(right))
 }
 
 func (w *wakeTree) leader(node int) int32 {
@@ -278,9 +288,10 @@ func (w *wakeTree) grow(pods int) {
 // one element type.
 type eventHeap struct{ items []event }
 
-func (q *eventHeap) peek() *event {
+// head returns the earliest event, or noEvent when the heap is empty.
+func (q *eventHeap) head() *event {
 	if len(q.items) == 0 {
-		return nil
+		return &noEvent
 	}
 	return &q.items[0]
 }
