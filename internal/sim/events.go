@@ -1,6 +1,9 @@
 package sim
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // eventKind enumerates what can happen in the simulation.
 type eventKind uint8
@@ -19,20 +22,23 @@ const (
 	evProbe                        // a Prequal probe comes back to its client
 )
 
-// event is ordered by (t, seq): seq makes ties deterministic in scheduling order.
+// event is ordered by (t, seq): seq makes ties deterministic in scheduling order. The sequence
+// number and the kind share one word, the sequence number in the high bits, so that an event is
+// 24 bytes (every queue moves events by value) and ordering by the word orders by seq.
 type event struct {
-	t    float64
-	seq  uint64
-	kind eventKind
-	a    int32
-	b    uint32
+	t   float64
+	key uint64 // seq<<8 | kind
+	a   int32
+	b   uint32
 }
+
+func (e *event) kind() eventKind { return eventKind(e.key) }
 
 func (e *event) before(o *event) bool {
 	if e.t != o.t {
 		return e.t < o.t
 	}
-	return e.seq < o.seq
+	return e.key < o.key
 }
 
 // scheduler hands out events in (t, seq) order. Almost every event is one of three kinds, each
@@ -40,8 +46,8 @@ func (e *event) before(o *event) bool {
 //   - the next client arrival: there is only ever one;
 //   - events a constant delay after now (a network hop, a probe's round trip): scheduled in time
 //     order, so a FIFO per delay is already sorted;
-//   - pod wakes: at most one pending per pod, in a small heap indexed by pod that is updated in
-//     place when a pod's wake moves (a plain heap would pile up stale wakes).
+//   - pod wakes: at most one pending per pod, in a tournament tree over the pods that is updated
+//     in place when a pod's wake moves (a plain heap would pile up stale wakes).
 //
 // Everything else (snapshots, controller cycles, scenario events) goes to a general heap. Every
 // event gets its seq from one counter, so the order, ties included, is the one a single heap
@@ -52,7 +58,7 @@ type scheduler struct {
 	hasArrival bool
 	hop        fifo // delay: half the network round trip
 	probe      fifo // delay: a Prequal probe's round trip
-	wakes      wakeHeap
+	wakes      wakeTree
 	other      eventHeap
 	// fired is the pod whose wake pop handed out last, left in place for the pod to reschedule
 	// (setWake moves it, cancelWake drops it), while hasFired.
@@ -62,7 +68,7 @@ type scheduler struct {
 
 func (q *scheduler) next(t float64, kind eventKind, a int32, b uint32) event {
 	q.seq++
-	return event{t: t, seq: q.seq, kind: kind, a: a, b: b}
+	return event{t: t, key: q.seq<<8 | uint64(kind), a: a, b: b}
 }
 
 // setArrival schedules the next client arrival, which must not be pending already.
@@ -100,8 +106,11 @@ func (q *scheduler) push(t float64, kind eventKind, a int32, b uint32) {
 	q.other.push(q.next(t, kind, a, b))
 }
 
-// pop removes and returns the earliest event; false when none is left.
-func (q *scheduler) pop() (event, bool) {
+// noEvent stands for an empty source in pop: it comes after every event. Never written.
+var noEvent = event{t: math.Inf(1), key: math.MaxUint64}
+
+// pop removes the earliest event and copies it to ev; false when none is left.
+func (q *scheduler) pop(ev *event) bool {
 	const (
 		none = iota
 		arrival
@@ -114,27 +123,27 @@ func (q *scheduler) pop() (event, bool) {
 		q.wakes.remove(q.fired)
 		q.hasFired = false
 	}
-	src := none
-	var best *event
+	// Every source offers an event, noEvent when it has none, so each is one comparison.
+	src, best := none, &noEvent
 	if q.hasArrival {
 		best, src = &q.arrival, arrival
 	}
-	if e := q.hop.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.hop.first(); e.before(best) {
 		best, src = e, hop
 	}
-	if e := q.probe.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.probe.first(); e.before(best) {
 		best, src = e, probe
 	}
-	if e := q.wakes.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.wakes.head(); e.before(best) {
 		best, src = e, wake
 	}
-	if e := q.other.peek(); e != nil && (best == nil || e.before(best)) {
+	if e := q.other.head(); e.before(best) {
 		best, src = e, other
 	}
-	if best == nil {
-		return event{}, false
+	if math.IsInf(best.t, 1) { // nothing pending (an idle wake tree's root is at +Inf)
+		return false
 	}
-	ev := *best
+	*ev = *best
 	switch src {
 	case arrival:
 		q.hasArrival = false
@@ -149,7 +158,7 @@ func (q *scheduler) pop() (event, bool) {
 	case other:
 		q.other.pop()
 	}
-	return ev, true
+	return true
 }
 
 // fifo is a queue of events scheduled in time order.
@@ -160,18 +169,28 @@ type fifo struct {
 
 func (f *fifo) push(e event) {
 	if n := len(f.items); n > f.head && e.t < f.items[n-1].t {
-		panic(fmt.Sprintf("sim: event at t=%v queued after one at t=%v: a constant-delay queue got a variable delay", e.t, f.items[n-1].t))
+		outOfOrder(e.t, f.items[n-1].t)
 	}
 	if f.head > 1024 && f.head*2 > len(f.items) {
-		f.items = append(f.items[:0], f.items[f.head:]...)
-		f.head = 0
+		f.compact()
 	}
 	f.items = append(f.items, e)
 }
 
-func (f *fifo) peek() *event {
+// compact moves the pending events to the front, out of push so that push stays inlinable.
+func (f *fifo) compact() {
+	f.items = append(f.items[:0], f.items[f.head:]...)
+	f.head = 0
+}
+
+func outOfOrder(t, last float64) {
+	panic(fmt.Sprintf("sim: event at t=%v queued after one at t=%v: a constant-delay queue got a variable delay", t, last))
+}
+
+// first returns the first event, or noEvent when the queue is empty.
+func (f *fifo) first() *event {
 	if f.head == len(f.items) {
-		return nil
+		return &noEvent
 	}
 	return &f.items[f.head]
 }
@@ -183,85 +202,85 @@ func (f *fifo) drop() {
 	}
 }
 
-// wakeHeap is a binary min-heap of pods' pending wakes with each pod's position, so that a wake
-// can be moved or dropped where it is.
-type wakeHeap struct {
-	items []event // items[i].a is the pod id
-	pos   []int   // by pod id: index in items, or -1
+// wakeTree holds each pod's pending wake in a tournament tree: every inner node names the pod
+// with the earliest wake below it, so the earliest is at the root, and moving or dropping a
+// pod's wake replays only the log₂(pods) matches on its path, with no positions to keep. Pods
+// wake about once per request and a wake moves with almost every arrival.
+type wakeTree struct {
+	wakes  []event // by pod id; t is +Inf when none is pending
+	winner []int32 // inner nodes 1..size-1; node size+i is the leaf of pod i
+	size   int     // leaves: a power of two, at least 2
 }
 
-func (h *wakeHeap) peek() *event {
-	if len(h.items) == 0 {
-		return nil
+// head returns the earliest wake, which is at +Inf when no pod has one pending, or noEvent
+// before the first pod.
+func (w *wakeTree) head() *event {
+	if w.size == 0 {
+		return &noEvent
 	}
-	return &h.items[0]
+	return &w.wakes[w.winner[1]]
 }
 
-func (h *wakeHeap) set(e event) {
-	for int(e.a) >= len(h.pos) {
-		h.pos = append(h.pos, -1)
+func (w *wakeTree) set(e event) {
+	if int(e.a) >= w.size {
+		w.grow(int(e.a) + 1)
 	}
-	i := h.pos[e.a]
-	if i < 0 {
-		h.items = append(h.items, e)
-		i = len(h.items) - 1
-		h.pos[e.a] = i
-		h.up(i)
+	w.wakes[e.a] = e
+	w.replay(int(e.a))
+}
+
+func (w *wakeTree) remove(pod int32) {
+	if int(pod) >= w.size {
 		return
 	}
-	h.items[i] = e
-	h.down(h.up(i))
+	w.wakes[pod].t = math.Inf(1)
+	w.replay(int(pod))
 }
 
-func (h *wakeHeap) remove(pod int32) {
-	if int(pod) >= len(h.pos) || h.pos[pod] < 0 {
-		return
-	}
-	i, last := h.pos[pod], len(h.items)-1
-	h.pos[pod] = -1
-	if i != last {
-		h.items[i] = h.items[last]
-		h.pos[h.items[i].a] = i
-	}
-	h.items = h.items[:last]
-	if i < last {
-		h.down(h.up(i))
+// replay reruns the matches from pod's leaf up to the root: first pod against its sibling leaf,
+// then between inner nodes' winners.
+func (w *wakeTree) replay(pod int) {
+	wakes, winner := w.wakes, w.winner
+	node := (w.size + pod) >> 1
+	winner[node] = earlier(wakes, int32(pod&^1), int32(pod|1))
+	for node >>= 1; node >= 1; node >>= 1 {
+		winner[node] = earlier(wakes, winner[2*node], winner[2*node+1])
 	}
 }
 
-func (h *wakeHeap) swap(i, j int) {
-	h.items[i], h.items[j] = h.items[j], h.items[i]
-	h.pos[h.items[i].a], h.pos[h.items[j].a] = i, j
-}
-
-func (h *wakeHeap) up(i int) int {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !h.items[i].before(&h.items[p]) {
-			break
-		}
-		h.swap(i, p)
-		i = p
+// earlier returns whichever of pods l and r wakes first.
+func earlier(wakes []event, l, r int32) int32 {
+	if wakes[r].before(&wakes[l]) {
+		return r
 	}
-	return i
+	return l
 }
 
-func (h *wakeHeap) down(i int) {
-	n := len(h.items)
-	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		m := l
-		if r := l + 1; r < n && h.items[r].before(&h.items[l]) {
-			m = r
-		}
-		if !h.items[m].before(&h.items[i]) {
-			return
-		}
-		h.swap(i, m)
-		i = m
+// match returns the pod with the earlier wake of the two nodes' winners.
+func (w *wakeTree) match(left, right int) int32 {
+	return earlier(w.wakes, w.leader(left), w.leader(right))
+}
+
+func (w *wakeTree) leader(node int) int32 {
+	if node >= w.size {
+		return int32(node - w.size)
+	}
+	return w.winner[node]
+}
+
+// grow makes room for pods pod ids and replays every match.
+func (w *wakeTree) grow(pods int) {
+	size := max(2, w.size)
+	for size < pods {
+		size *= 2
+	}
+	for len(w.wakes) < size {
+		w.wakes = append(w.wakes, event{t: math.Inf(1), a: int32(len(w.wakes))})
+	}
+	w.size = size
+	w.winner = make([]int32, size)
+	for node := size - 1; node >= 1; node-- {
+		w.winner[node] = w.match(2*node, 2*node+1)
 	}
 }
 
@@ -269,9 +288,10 @@ func (h *wakeHeap) down(i int) {
 // one element type.
 type eventHeap struct{ items []event }
 
-func (q *eventHeap) peek() *event {
+// head returns the earliest event, or noEvent when the heap is empty.
+func (q *eventHeap) head() *event {
 	if len(q.items) == 0 {
-		return nil
+		return &noEvent
 	}
 	return &q.items[0]
 }

@@ -10,10 +10,39 @@ var istioBucketsMS = [...]float64{0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 25
 // latencyHistogram holds cumulative counts per bucket; the last entry is the +Inf bucket.
 type latencyHistogram [len(istioBucketsMS) + 1]uint64
 
-func (h *latencyHistogram) observe(ms float64) {
-	i, _ := slices.BinarySearch(istioBucketsMS[:], ms) // first bound >= ms: Prometheus's le
-	h[i]++
+func (h *latencyHistogram) observe(ms float64) { h[istioBucket(ms)]++ }
+
+// istioBucket is the index of the first bound >= ms (Prometheus's le). Every bound above 1 ms
+// is a whole number, so from 1 ms to the table's end the bucket of ms is that of ⌈ms⌉, read
+// from a table instead of searched; a latency is observed for every request.
+func istioBucket(ms float64) int {
+	switch {
+	case ms <= 0.5:
+		return 0
+	case ms <= 1:
+		return 1
+	case ms <= istioTableMS:
+		k := int(ms) // ms > 1, so this truncation is its floor
+		if float64(k) < ms {
+			k++
+		}
+		return int(istioBucketTable[k])
+	}
+	i, _ := slices.BinarySearch(istioBucketsMS[:], ms)
+	return i
 }
+
+// istioTableMS is the last whole millisecond istioBucketTable covers.
+const istioTableMS = 1000
+
+// istioBucketTable holds, for each whole millisecond k up to istioTableMS, the first bound >= k.
+var istioBucketTable = func() (t [istioTableMS + 1]uint8) {
+	for k := range t {
+		i, _ := slices.BinarySearch(istioBucketsMS[:], float64(k))
+		t[k] = uint8(i)
+	}
+	return t
+}()
 
 // quantileSince returns the q-quantile in seconds of the observations made between an earlier
 // snapshot and h, interpolating linearly inside the bucket as histogram_quantile does. It returns

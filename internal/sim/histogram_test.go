@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -30,5 +31,25 @@ func TestLatencyHistogram_QuantileInterpolatesLikeHistogramQuantile(t *testing.T
 	huge.observe(1e9) // beyond the last bound: +Inf bucket
 	if got := huge.quantileSince(&latencyHistogram{}, 0.99); got != 3600 {
 		t.Errorf("+Inf bucket gave %v s, want the highest finite bound 3600", got)
+	}
+}
+
+// TestIstioBucket_MatchesBinarySearch checks the table lookup against the plain search at and
+// around every whole millisecond it covers, every bound, and beyond the table.
+func TestIstioBucket_MatchesBinarySearch(t *testing.T) {
+	var probes []float64
+	for k := 0; k <= istioTableMS+2; k++ {
+		f := float64(k)
+		probes = append(probes, f, math.Nextafter(f, 0), math.Nextafter(f, math.Inf(1)), f+0.5)
+	}
+	for _, b := range istioBucketsMS {
+		probes = append(probes, b, math.Nextafter(b, 0), math.Nextafter(b, math.Inf(1)))
+	}
+	probes = append(probes, -1, 0.25, 1e-9, 4e6, math.Inf(1))
+	for _, ms := range probes {
+		want, _ := slices.BinarySearch(istioBucketsMS[:], ms)
+		if got := istioBucket(ms); got != want {
+			t.Errorf("istioBucket(%v) = %d, want %d (first bound >= ms)", ms, got, want)
+		}
 	}
 }

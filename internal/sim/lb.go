@@ -152,6 +152,8 @@ type balancer struct {
 	// edfSeed fixes where in a fresh schedule every rebuild starts, per balancer, as Envoy
 	// fixes it per load balancer instance; 0 until first drawn.
 	edfSeed uint64
+	// hostDraw picks a host at random: r.Intn(len(hosts)) without its divisions.
+	hostDraw boundedInt
 }
 
 // maxEDFPicks bounds the random pre-pick count, as Envoy's createWithPicks does (UINT32_MAX/10).
@@ -165,6 +167,9 @@ func newBalancer(policy string, choiceCount int, bias float64) *balancer {
 // weights[i] belongs to hosts[i]; active holds the proxy's active requests per pod id.
 func (b *balancer) refresh(hosts []int32, weights []float64, active []int32, r *rand.Rand) {
 	b.hosts = append(b.hosts[:0], hosts...)
+	if len(hosts) > 0 {
+		b.hostDraw = newBoundedInt(len(hosts))
+	}
 	b.weights = append(b.weights[:0], weights...)
 	b.equal = true
 	for _, w := range weights {
@@ -218,14 +223,14 @@ func (b *balancer) pick(active []int32, r *rand.Rand) int32 {
 	case n == 1:
 		return b.hosts[0]
 	case b.policy == LBRandom:
-		return b.hosts[r.Intn(n)]
+		return b.hosts[b.hostDraw.draw(r)]
 	case b.equal && b.policy == LBRoundRobin:
 		b.rrIndex++
 		return b.hosts[b.rrIndex%uint64(n)]
 	case b.equal: // unweighted LEAST_REQUEST: power of choice_count choices, with replacement
-		best := b.hosts[r.Intn(n)]
+		best := b.hosts[b.hostDraw.draw(r)]
 		for i := 1; i < b.choiceCount; i++ {
-			c := b.hosts[r.Intn(n)]
+			c := b.hosts[b.hostDraw.draw(r)]
 			if active[c] < active[best] {
 				best = c
 			}

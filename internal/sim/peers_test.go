@@ -119,7 +119,7 @@ func TestPrequal_LatencyEstimateFollowsTheCurrentRIF(t *testing.T) {
 		t.Errorf("idle pod reports %v s, want its RIF-0 latency 0.010", got)
 	}
 	p.queue = make([]int32, 29)
-	p.running = []int32{1}
+	p.running = []inService{{id: 1}}
 	if got := p.estimateLatency(); got != 2.0 {
 		t.Errorf("pod with 30 in flight reports %v s, want 2.0", got)
 	}

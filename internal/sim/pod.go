@@ -24,9 +24,11 @@ type pod struct {
 	quota   float64 // CPU-seconds per CFS period; 0 means no limit
 	limit   float64 // cores
 
-	running []int32 // request ids in service
-	queue   []int32 // FIFO of request ids waiting for a worker
-	qhead   int
+	running []inService
+	// minFinish is the least finish among running, +Inf when none runs: the next completion.
+	minFinish float64
+	queue     []int32 // FIFO of request ids waiting for a worker
+	qhead     int
 
 	vwork     float64
 	lastT     float64
@@ -54,6 +56,19 @@ type pod struct {
 	latencies latencyHistogram
 }
 
+// inService is a request in service and the pod's vwork at which it completes.
+type inService struct {
+	finish float64
+	id     int32
+}
+
+// start puts a request needing cost CPU-seconds on reference hardware in service.
+func (p *pod) start(id int32, cost float64) {
+	f := p.vwork + cost/p.speed
+	p.running = append(p.running, inService{finish: f, id: id})
+	p.minFinish = min(p.minFinish, f)
+}
+
 func (p *pod) inSystem() int { return len(p.running) + len(p.queue) - p.qhead }
 
 // advance brings the pod's CPU accounting to time t. It is safe to call at any time; it does not
@@ -66,11 +81,16 @@ func (p *pod) advance(t float64) {
 		if n > 0 {
 			if p.throttled {
 				p.throttledFor += dt
+			} else if nf := float64(n); nf <= p.cores {
+				// Every request has a CPU of its own: its share busy/n is exactly 1, so no
+				// division is needed for the same result.
+				p.vwork += dt
+				p.used += nf * dt
+				p.cpu += nf * dt
 			} else {
-				busy := math.Min(float64(n), p.cores)
-				p.vwork += busy / float64(n) * dt
-				p.used += busy * dt
-				p.cpu += busy * dt
+				p.vwork += p.cores / nf * dt
+				p.used += p.cores * dt
+				p.cpu += p.cores * dt
 			}
 		}
 		p.lastT = t
@@ -88,7 +108,7 @@ func (p *pod) advance(t float64) {
 }
 
 // nextWake returns when the pod next changes state on its own, or +Inf when idle.
-func (p *pod) nextWake(finish []float64) float64 {
+func (p *pod) nextWake() float64 {
 	n := len(p.running)
 	if n == 0 {
 		return math.Inf(1)
@@ -96,31 +116,28 @@ func (p *pod) nextWake(finish []float64) float64 {
 	if p.throttled {
 		return p.periodEnd
 	}
-	rate := math.Min(float64(n), p.cores) / float64(n)
-	minFinish := math.Inf(1)
-	for _, id := range p.running {
-		if f := finish[id]; f < minFinish {
-			minFinish = f
-		}
+	minFinish := p.minFinish
+	// Each request progresses at busy/n CPUs; with no more requests than cores that is exactly 1.
+	nf := float64(n)
+	busy := min(nf, p.cores)
+	wake := p.lastT + max(0, minFinish-p.vwork)
+	if nf > p.cores {
+		wake = p.lastT + max(0, minFinish-p.vwork)/(busy/nf)
 	}
-	wake := p.lastT + math.Max(0, minFinish-p.vwork)/rate
 	if p.quota > 0 {
-		busy := math.Min(float64(n), p.cores)
-		if ex := p.lastT + math.Max(0, p.quota-p.used)/busy; ex < wake {
-			wake = ex
-		}
-		if p.periodEnd < wake {
-			wake = p.periodEnd
-		}
+		wake = min(wake, p.lastT+max(0, p.quota-p.used)/busy, p.periodEnd)
 	}
 	return wake
 }
 
 // setSpeed changes the hardware speed; work already in service keeps its progress.
-func (p *pod) setSpeed(speed float64, finish []float64) {
-	for _, id := range p.running {
-		remaining := finish[id] - p.vwork
-		finish[id] = p.vwork + remaining*p.speed/speed
+func (p *pod) setSpeed(speed float64) {
+	p.minFinish = math.Inf(1)
+	for i := range p.running {
+		r := &p.running[i]
+		remaining := r.finish - p.vwork
+		r.finish = p.vwork + remaining*p.speed/speed
+		p.minFinish = min(p.minFinish, r.finish)
 	}
 	p.speed = speed
 }

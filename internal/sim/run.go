@@ -75,6 +75,8 @@ type simulation struct {
 	q       scheduler
 	arrRand *rand.Rand // arrivals, costs and proxy choice: identical across policies for a seed
 	lbRand  *rand.Rand // balancer choices and scenario randomness
+	// proxyDraw and workerDraw choose a request's client proxy and worker from arrRand.
+	proxyDraw, workerDraw boundedInt
 
 	end, warmup float64
 	rps         float64
@@ -88,8 +90,7 @@ type simulation struct {
 	balancers [][]*balancer // [proxy][worker]
 	active    [][]int32     // [proxy][pod id] requests in flight as the proxy sees them
 	reqs      []request
-	finish    []float64 // per request id: the pod's vwork at which it completes
-	free      []int32   // recycled request ids
+	free      []int32 // recycled request ids
 	netHalf   float64
 	latency   latencySketch   // ms, requests sent after warm-up
 	podLat    []latencySketch // the same per pod
@@ -171,6 +172,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		s.settings = &st
 	}
 	s.balancers = make([][]*balancer, sc.Clients.Proxies)
+	s.proxyDraw, s.workerDraw = newBoundedInt(sc.Clients.Proxies), newBoundedInt(sc.Clients.Workers)
 	s.active = make([][]int32, sc.Clients.Proxies)
 	for p := range s.balancers {
 		s.balancers[p] = make([]*balancer, sc.Clients.Workers)
@@ -249,12 +251,9 @@ func (s *simulation) nextArrival(now float64) float64 {
 }
 
 func (s *simulation) loop() error {
-	for {
-		ev, ok := s.q.pop()
-		if !ok || ev.t > s.end {
-			break
-		}
-		switch ev.kind {
+	var ev event
+	for s.q.pop(&ev) && ev.t <= s.end {
+		switch ev.kind() {
 		case evArrival:
 			s.onArrival(ev.t)
 		case evPodArrive:
@@ -306,6 +305,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 		inHostSet: true,
 		born:      now,
 		lastT:     now,
+		minFinish: math.Inf(1),
 		// CFS periods start when the cgroup's timer does: not aligned across pods.
 		periodEnd: now + cfsPeriod*(0.05+0.95*s.lbRand.Float64()),
 	}
@@ -417,8 +417,8 @@ func (c *costSampler) cost(u float64) float64 {
 func (s *simulation) onArrival(t float64) {
 	s.q.setArrival(s.nextArrival(t))
 	u := s.arrRand.Float64()
-	proxy := s.arrRand.Intn(len(s.balancers))
-	worker := s.arrRand.Intn(len(s.balancers[proxy]))
+	proxy := s.proxyDraw.draw(s.arrRand)
+	worker := s.workerDraw.draw(s.arrRand)
 	if len(s.hosts) == 0 {
 		return // no endpoint: the request fails fast (503) and is not a latency sample
 	}
@@ -444,7 +444,6 @@ func (s *simulation) onArrival(t float64) {
 	} else {
 		id = int32(len(s.reqs))
 		s.reqs = append(s.reqs, request{})
-		s.finish = append(s.finish, 0)
 	}
 	s.reqs[id] = request{sent: t, cost: s.costs[p.group].cost(u), proxy: int32(proxy), pod: podID}
 	s.active[proxy][podID]++
@@ -457,20 +456,15 @@ func (s *simulation) onPodArrive(t float64, id int32) {
 	p.advance(t)
 	s.reqs[id].rif = int32(p.inSystem())
 	if len(p.running) < p.workers {
-		s.start(p, id)
+		p.start(id, s.reqs[id].cost)
 	} else {
 		p.queue = append(p.queue, id)
 	}
 	s.rewake(p)
 }
 
-func (s *simulation) start(p *pod, id int32) {
-	s.finish[id] = p.vwork + s.reqs[id].cost/p.speed
-	p.running = append(p.running, id)
-}
-
 func (s *simulation) rewake(p *pod) {
-	w := p.nextWake(s.finish)
+	w := p.nextWake()
 	if math.IsInf(w, 1) {
 		p.version++
 		p.wakeAt = -1
@@ -490,16 +484,14 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 	// Complete every request whose work is done (several can finish together).
 	const eps = 1e-12
 	kept := p.running[:0]
-	var done []int32
-	for _, id := range p.running {
-		if s.finish[id] <= p.vwork+eps {
-			done = append(done, id)
-		} else {
-			kept = append(kept, id)
+	p.minFinish = math.Inf(1)
+	for _, r := range p.running {
+		if r.finish > p.vwork+eps {
+			kept = append(kept, r)
+			p.minFinish = min(p.minFinish, r.finish)
+			continue
 		}
-	}
-	p.running = kept
-	for _, id := range done {
+		id := r.id
 		p.served++
 		inPod := t - s.reqs[id].sent - s.netHalf
 		p.latencies.observe(inPod * 1000)
@@ -508,8 +500,10 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 		}
 		s.q.pushHop(t+s.netHalf, evResponse, id)
 	}
+	p.running = kept
 	for len(p.running) < p.workers && p.qhead < len(p.queue) {
-		s.start(p, p.queue[p.qhead])
+		id := p.queue[p.qhead]
+		p.start(id, s.reqs[id].cost)
 		p.qhead++
 	}
 	if p.qhead == len(p.queue) {
@@ -534,10 +528,11 @@ func (s *simulation) onResponse(t float64, id int32) {
 		s.orcaReport(t, int(r.proxy), r.pod)
 	}
 	ms := float32((t - r.sent) * 1000)
-	s.bucketLat.add(ms)
+	bucket := sketchIndex(ms)
+	s.bucketLat.addAt(bucket, ms)
 	if r.sent >= s.warmup {
-		s.latency.add(ms)
-		s.podLat[r.pod].add(ms)
+		s.latency.addAt(bucket, ms)
+		s.podLat[r.pod].addAt(bucket, ms)
 		if s.keepLatencies {
 			s.latencies = append(s.latencies, ms)
 			s.latencyAt = append(s.latencyAt, float32(t))
@@ -703,7 +698,7 @@ func (s *simulation) onPodEvent(t float64, g, j int) {
 				continue
 			}
 			p.advance(t)
-			p.setSpeed(*ev.Speed, s.finish)
+			p.setSpeed(*ev.Speed)
 			p.wakeAt = -1
 			s.rewake(p)
 		}

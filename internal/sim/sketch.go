@@ -41,7 +41,11 @@ func sketchMid(i int) float64 {
 	return math.Ldexp(1+frac/(1<<sketchSubBits), exp)
 }
 
-func (h *latencySketch) add(ms float32) {
+func (h *latencySketch) add(ms float32) { h.addAt(sketchIndex(ms), ms) }
+
+// addAt records ms, whose bucket i = sketchIndex(ms) the caller has already worked out (one
+// response is recorded in up to three sketches).
+func (h *latencySketch) addAt(i int, ms float32) {
 	if h.counts == nil {
 		h.counts = make([]uint32, sketchBuckets)
 	}
@@ -51,7 +55,7 @@ func (h *latencySketch) add(ms float32) {
 	if h.n == 0 || ms > h.max {
 		h.max = ms
 	}
-	h.counts[sketchIndex(ms)]++
+	h.counts[i]++
 	h.n++
 	h.sum += float64(ms)
 }
