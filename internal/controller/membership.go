@@ -79,6 +79,11 @@ func (m *Membership) Observe(key types.NamespacedName, eps []MemberEndpoint) {
 		log = &memberLog{in: map[string]time.Time{}, out: map[string][]span{}, weight: map[string]podWeight{}}
 		m.byKey[key] = log
 	}
+	// Endpoints that join a ServiceEntry that listed none (the first reconcile of a new
+	// AdaptiveLoadBalancer can run before the EndpointSlice cache has caught up, or every pod was
+	// out at once) all join together: none of them served less than the others, so none is
+	// stamped as a newcomer.
+	fromEmpty := len(log.in) == 0
 	current := make(map[string]bool, len(eps))
 	for _, e := range eps {
 		ip := e.IP
@@ -86,7 +91,7 @@ func (m *Membership) Observe(key types.NamespacedName, eps []MemberEndpoint) {
 		log.weight[ip] = podWeight{pod: e.Pod, weight: e.Weight}
 		if _, in := log.in[ip]; !in {
 			since := now
-			if !known {
+			if !known || fromEmpty {
 				since = time.Time{}
 			}
 			log.in[ip] = since

@@ -43,3 +43,26 @@ func TestMembership_ShareCountsOnlyTheTimeInTheServiceEntry(t *testing.T) {
 		t.Errorf("after its balancer is gone the record should be dropped: share %.3f", got)
 	}
 }
+
+// A new AdaptiveLoadBalancer's first reconcile can write its ServiceEntry before the
+// EndpointSlice cache lists any endpoint; the endpoints that arrive next all join together and
+// none of them may count as a newcomer that served less than its share.
+func TestMembership_EndpointsJoiningAnEmptyServiceEntryAreNotNewcomers(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	m := NewMembership(clk)
+	key := types.NamespacedName{Namespace: "shop", Name: "web"}
+	a, b := MemberEndpoint{IP: "a", Pod: "pa", Weight: 100}, MemberEndpoint{IP: "b", Pod: "pb", Weight: 100}
+	m.Observe(key, nil)
+	clk.Step(time.Second)
+	m.Observe(key, []MemberEndpoint{a, b})
+	clk.Step(5 * time.Second)
+	m.Observe(key, []MemberEndpoint{a, b, {IP: "c", Pod: "pc", Weight: 100}}) // c is a real newcomer
+	clk.Step(5 * time.Second)
+	from, to := t0.Add(-time.Minute), clk.Now()
+	for ip, want := range map[string]float64{"a": 1, "b": 1, "c": 5.0 / 71} {
+		if got := m.Share(key, ip, from, to); math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: share %.3f, want %.3f", ip, got, want)
+		}
+	}
+}
