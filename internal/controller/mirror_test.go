@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -458,12 +459,16 @@ func TestMirror_NoPortsOrAnUnnamedPortRemovesTheServiceEntry(t *testing.T) {
 
 	setPorts := func(ports []int32) {
 		t.Helper()
-		a := &adlbv1.AdaptiveLoadBalancer{}
-		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
-			t.Fatal(err)
-		}
-		a.Spec.Ports = ports
-		if err := k8s.Update(f.ctx, a); err != nil {
+		// The operator writes the status meanwhile: a user's edit retries on a conflict too.
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			a := &adlbv1.AdaptiveLoadBalancer{}
+			if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
+				return err
+			}
+			a.Spec.Ports = ports
+			return k8s.Update(f.ctx, a)
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -225,12 +226,16 @@ func TestStatus_ModeChangesShowWithoutAWeightCycle(t *testing.T) {
 		{adlbv1.ModeFrozen, metav1.ConditionTrue, adlbv1.ReasonFrozen},
 		{adlbv1.ModeActive, metav1.ConditionTrue, adlbv1.ReasonEqualWeights},
 	} {
-		a := &adlbv1.AdaptiveLoadBalancer{}
-		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
-			t.Fatal(err)
-		}
-		a.Spec.Mode = step.mode
-		if err := k8s.Update(f.ctx, a); err != nil {
+		// The operator writes the status meanwhile: a user's edit retries on a conflict too.
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			a := &adlbv1.AdaptiveLoadBalancer{}
+			if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
+				return err
+			}
+			a.Spec.Mode = step.mode
+			return k8s.Update(f.ctx, a)
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 		f.waitForCondition("web", adlbv1.ConditionWeightsApplied, step.status, step.reason)
