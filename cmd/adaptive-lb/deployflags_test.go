@@ -1,15 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 // The Helm chart and the kustomize manifests pass flags to `adaptive-lb run`; a flag renamed or
@@ -19,7 +17,7 @@ func TestDeployFlags_EveryFlagTheManifestsPassExists(t *testing.T) {
 	sources := map[string][]string{}
 	if helm := os.Getenv("ADAPTIVELB_HELM_BIN"); helm != "" || os.Getenv("CI") != "" {
 		// Every toggle that adds an argument is on.
-		sources["helm chart"] = operatorArgs(t, requireTool(t, "ADAPTIVELB_HELM_BIN"), "template", "lb", "../../charts/adaptive-lb",
+		sources["helm chart"] = operatorArgs(t, testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm"), "template", "lb", "../../charts/adaptive-lb",
 			"--namespace", "adaptive-lb-system", "--kube-version", "1.36.3",
 			"--set", "leaderElection.enabled=true",
 			"--set", "tsdb.url=http://vmselect.monitoring:8481",
@@ -36,7 +34,7 @@ func TestDeployFlags_EveryFlagTheManifestsPassExists(t *testing.T) {
 			"--set", "watchNamespaces={shop,web}")
 	}
 	if kustomize := os.Getenv("ADAPTIVELB_KUSTOMIZE_BIN"); kustomize != "" || os.Getenv("CI") != "" {
-		sources["kustomize config/default"] = operatorArgs(t, requireTool(t, "ADAPTIVELB_KUSTOMIZE_BIN"), "build", "../../config/default")
+		sources["kustomize config/default"] = operatorArgs(t, testtools.RequireEnv(t, "ADAPTIVELB_KUSTOMIZE_BIN", "kustomize"), "build", "../../config/default")
 	}
 	if len(sources) == 0 {
 		t.Skip("ADAPTIVELB_HELM_BIN and ADAPTIVELB_KUSTOMIZE_BIN are not set: run `make test`, which builds helm and kustomize")
@@ -64,36 +62,12 @@ func TestDeployFlags_EveryFlagTheManifestsPassExists(t *testing.T) {
 	}
 }
 
-func requireTool(t *testing.T, env string) string {
-	t.Helper()
-	v := os.Getenv(env)
-	if v == "" {
-		t.Fatalf("%s is not set: run `make test`", env)
-	}
-	return v
-}
-
 // operatorArgs runs a renderer (helm template, kustomize build) and returns the args of the
 // operator container of the single Deployment it renders.
 func operatorArgs(t *testing.T, bin string, args ...string) []string {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", bin, strings.Join(args, " "), err, stderr.String())
-	}
 	var found [][]string
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			if err == io.EOF {
-				break
-			}
-			t.Fatalf("rendered manifests are not YAML: %v", err)
-		}
+	for _, u := range testtools.Render(t, bin, args...) {
 		if u.GetKind() != "Deployment" {
 			continue
 		}

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,55 +15,27 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 const chartDir = "../../charts/adaptive-lb"
 
-func requireBin(t *testing.T, env, what string) string {
-	t.Helper()
-	v := os.Getenv(env)
-	if v == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not set: run `make test`", env)
-		}
-		t.Skipf("%s is not set: run `make test`, which builds %s", env, what)
-	}
-	return v
-}
-
 // render runs helm template with --set flags and returns the objects by kind/name.
 func render(t *testing.T, sets ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
-	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	helm := testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm")
 	// --kube-version: a helm built from source assumes Kubernetes 1.20 when not talking to a cluster.
 	args := []string{"template", "lb", chartDir, "--namespace", "adaptive-lb-system", "--include-crds", "--kube-version", "1.36.3"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
-	cmd := exec.Command(helm, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("helm template: %v\n%s", err, stderr.String())
-	}
 	objs := map[string]*unstructured.Unstructured{}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			if err == io.EOF {
-				break
-			}
-			t.Fatalf("rendered chart is not YAML: %v", err)
-		}
-		if len(u.Object) > 0 {
-			objs[u.GetKind()+"/"+u.GetName()] = u
-		}
+	for _, u := range testtools.Render(t, helm, args...) {
+		objs[u.GetKind()+"/"+u.GetName()] = u
 	}
 	return objs
 }
@@ -156,7 +127,7 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 		t.Error("leader-election Role rendered with leader election off")
 	}
 	// A basic-auth username without its password Secret is refused, not rendered half-wired.
-	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	helm := testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm")
 	out, err := exec.Command(helm, "template", "lb", chartDir, "--kube-version", "1.36.3", "--set", "tsdb.url=http://vm:8428", "--set", "tsdb.basicAuth.username=op").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "tsdb.basicAuth.username needs tsdb.basicAuth.passwordSecret") {
 		t.Errorf("basic auth without a password Secret: err %v, output %s", err, out)
@@ -164,7 +135,7 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 }
 
 func TestChart_AppliesToARealAPIServer(t *testing.T) {
-	requireBin(t, "KUBEBUILDER_ASSETS", "kube-apiserver and etcd")
+	testtools.RequireEnv(t, "KUBEBUILDER_ASSETS", "kube-apiserver and etcd")
 	objs := render(t, "tsdb.url=http://vmselect:8481")
 	env := &envtest.Environment{}
 	cfg, err := env.Start()

@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 // configObjects reads the objects of one multi-document YAML file under config/.
@@ -76,7 +78,7 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 			t.Errorf("%s rendered while turned off", k)
 		}
 	}
-	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	helm := testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm")
 	out, err := exec.Command(helm, "template", "lb", chartDir, "--kube-version", "1.36.3", "--set", "leaderElection.enabled=false").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "failsafe.enabled needs leaderElection.enabled") {
 		t.Errorf("watchdog without leader election: err %v, output %s", err, out)
@@ -86,25 +88,14 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 // renderNamespaced renders the chart and keys the objects by kind/namespace/name.
 func renderNamespaced(t *testing.T, sets ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
-	helm := requireBin(t, "ADAPTIVELB_HELM_BIN", "helm")
+	helm := testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm")
 	args := []string{"template", "lb", chartDir, "--namespace", "adaptive-lb-system", "--kube-version", "1.36.3"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
-	out, err := exec.Command(helm, args...).Output()
-	if err != nil {
-		t.Fatalf("helm template: %v", err)
-	}
 	objs := map[string]*unstructured.Unstructured{}
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			break
-		}
-		if len(u.Object) > 0 {
-			objs[u.GetKind()+"/"+u.GetNamespace()+"/"+u.GetName()] = u
-		}
+	for _, u := range testtools.Render(t, helm, args...) {
+		objs[u.GetKind()+"/"+u.GetNamespace()+"/"+u.GetName()] = u
 	}
 	return objs
 }

@@ -4,11 +4,7 @@
 package kustomize
 
 import (
-	"bytes"
 	"context"
-	"io"
-	"os"
-	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -22,56 +18,24 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 const namespace = "adaptive-lb-system"
 
-func requireBin(t *testing.T, env, what string) string {
-	t.Helper()
-	v := os.Getenv(env)
-	if v == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not set: run `make test`", env)
-		}
-		t.Skipf("%s is not set: run `make test`, which builds %s", env, what)
-	}
-	return v
-}
-
 // build runs `kustomize build config/default` and returns the objects in kustomize's order.
 func build(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
-	kustomize := requireBin(t, "ADAPTIVELB_KUSTOMIZE_BIN", "kustomize")
-	cmd := exec.Command(kustomize, "build", "../../config/default")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("kustomize build config/default: %v\n%s", err, stderr.String())
-	}
-	var objs []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err != nil {
-			if err == io.EOF {
-				break
-			}
-			t.Fatalf("kustomize output is not YAML: %v", err)
-		}
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
-	}
-	return objs
+	kustomize := testtools.RequireEnv(t, "ADAPTIVELB_KUSTOMIZE_BIN", "kustomize")
+	return testtools.Render(t, kustomize, "build", "../../config/default")
 }
 
 func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
-	requireBin(t, "KUBEBUILDER_ASSETS", "kube-apiserver and etcd")
+	testtools.RequireEnv(t, "KUBEBUILDER_ASSETS", "kube-apiserver and etcd")
 	objs := build(t)
 	env := &envtest.Environment{}
 	cfg, err := env.Start()
