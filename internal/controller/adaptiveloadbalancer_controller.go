@@ -213,6 +213,13 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	}
 	spec, endpoints, err := istio.Build(in)
 	if errors.Is(err, istio.ErrUnsupported) || errors.Is(err, istio.ErrNoPorts) {
+		// The Service may have changed into a shape that cannot be mirrored (a port renamed,
+		// an exportTo annotation): a ServiceEntry written for its old shape is now wrong.
+		if existing != nil {
+			if err := r.deleteOwnedServiceEntry(ctx, alb); err != nil {
+				return mirrorOutcome{}, err
+			}
+		}
 		reason := adlbv1.ReasonUnsupported
 		if errors.Is(err, istio.ErrNoPorts) {
 			reason = adlbv1.ReasonNoPorts
