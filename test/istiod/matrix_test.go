@@ -2,14 +2,13 @@ package istiod
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
-	"istio.io/istio/pilot/pkg/features"
 	"istio.io/istio/pilot/test/xds"
 	"istio.io/istio/pkg/config/mesh"
-	"istio.io/istio/pkg/test"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -24,8 +23,6 @@ type shape struct {
 	// config is Istio YAML (DestinationRule, PeerAuthentication, Sidecar...) present from the start.
 	config string
 	mesh   func(*meshconfig.MeshConfig)
-	// istioDualStack turns on istiod's dual-stack support (ISTIO_DUAL_STACK).
-	istioDualStack bool
 	// unsupported, when set, is what Build's ErrUnsupported must say: no ServiceEntry is written.
 	unsupported string
 }
@@ -47,15 +44,7 @@ func shapes() []shape {
 	namedTargets.pods[1].containerPorts = map[string]int32{"web": 8080}
 	namedTargets.pods[2].containerPorts = map[string]int32{"web": 9090}
 
-	dualStack := defaultWorld(httpPort)
-	dualStack.service.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:10:96::a"}
-	families := []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
-	dualStack.service.Spec.IPFamilies = families
-	policy := corev1.IPFamilyPolicyRequireDualStack
-	dualStack.service.Spec.IPFamilyPolicy = &policy
-	for i := range dualStack.pods {
-		dualStack.pods[i].ipv6 = "fd00:10:1::" + string(rune('1'+i))
-	}
+	dualStack := dualStackWorld()
 
 	withNodes := func(nodes map[string]map[string]string) world {
 		w := defaultWorld(httpPort)
@@ -173,6 +162,19 @@ spec:
 	}
 }
 
+// dualStackWorld: a dual-stack Service (IPv4 first) whose pods have an IPv4 and an IPv6 address.
+func dualStackWorld() world {
+	w := defaultWorld(port("http-web", 80, intstr.FromInt32(8080)))
+	w.service.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:10:96::a"}
+	w.service.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	policy := corev1.IPFamilyPolicyRequireDualStack
+	w.service.Spec.IPFamilyPolicy = &policy
+	for i := range w.pods {
+		w.pods[i].ipv6 = fmt.Sprintf("fd00:10:1::%d", i+1)
+	}
+	return w
+}
+
 func meshConfig(s shape) *meshconfig.MeshConfig {
 	m := mesh.DefaultMeshConfig()
 	if s.mesh != nil {
@@ -193,9 +195,6 @@ func TestServiceEntryChangesOnlyWeights(t *testing.T) {
 					t.Fatalf("Build: err = %v, want ErrUnsupported saying %q", err, s.unsupported)
 				}
 				return
-			}
-			if s.istioDualStack {
-				test.SetForTest(t, &features.EnableDualStack, true)
 			}
 			spec, endpoints := build(t, s.world)
 			wantWeight := map[string]uint32{}

@@ -2,9 +2,12 @@
 //
 // It is the only place that knows how an endpoint must look for Istio. istiod merges a
 // ServiceEntry's endpoints with the Kubernetes endpoints of the same host, and Envoy keeps the
-// first copy of an address, which is the ServiceEntry's: so that copy must carry everything the
-// Kubernetes copy would have (labels for DestinationRule subsets, the mTLS label, the service
-// account, the locality, the port names and target ports), plus the weight. See docs/istio.md.
+// first copy of an address across the whole ClusterLoadAssignment, which is the ServiceEntry's:
+// so that copy must be what istiod makes of the pod's Kubernetes endpoint (labels for
+// DestinationRule subsets, tlsMode, locality, port names and target ports), plus the weight, and
+// the ServiceEntry must merge into the Service without adding listeners or routes of its own
+// (the Service's address, its ports' protocols, its visibility). The differential tests in
+// test/istiod check this against istiod itself; see docs/istio.md.
 //
 // The package is pure: objects in, desired spec out.
 package istio

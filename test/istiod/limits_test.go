@@ -2,10 +2,13 @@ package istiod
 
 import (
 	"fmt"
+	"net"
 	"sort"
 	"testing"
 
+	"istio.io/istio/pilot/pkg/features"
 	"istio.io/istio/pilot/test/xds"
+	"istio.io/istio/pkg/test"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -37,6 +40,32 @@ func TestWorkloadNameOfServiceEntryHosts(t *testing.T) {
 		// The ServiceEntry's endpoints are sorted by address, so the index follows the address order.
 		if want := fmt.Sprintf("%s-%d", targetName, i); after[addr] != want {
 			t.Errorf("host %s: kept copy names workload %q, want %q", addr, after[addr], want)
+		}
+	}
+}
+
+// TestDualStackIstiodSplitsIPv6Hosts records the other limit of docs/istio.md: with istiod's
+// dual-stack support on (ISTIO_DUAL_STACK), the Kubernetes copy of a dual-stack pod is one host
+// whose IPv6 address is an additional address, while a ServiceEntry endpoint holds one address,
+// so the ServiceEntry adds a separate IPv6 host per pod. (With the flag off, its default, the
+// dual-stack case of TestServiceEntryChangesOnlyWeights holds.)
+func TestDualStackIstiodSplitsIPv6Hosts(t *testing.T) {
+	test.SetForTest(t, &features.EnableDualStack, true)
+	w := dualStackWorld()
+	f := server(t, w, nil, xds.FakeOptions{})
+	c := clients(w)[0]
+	cluster := "outbound|80||" + targetHost
+	_, before, _ := keptHosts(fetch(t, f, c).endpoints[cluster])
+	spec, _ := build(t, w)
+	applySE(t, f, spec)
+	_, after, _ := keptHosts(fetch(t, f, c).endpoints[cluster])
+	for _, p := range w.pods {
+		v6 := net.JoinHostPort(p.ipv6, "8080")
+		if _, ok := before[v6]; ok {
+			t.Errorf("Kubernetes copy: %s is a host of its own; the documented limit no longer holds", v6)
+		}
+		if _, ok := after[v6]; !ok {
+			t.Errorf("with the ServiceEntry: %s is not a host of its own; the documented limit no longer holds", v6)
 		}
 	}
 }
