@@ -13,16 +13,23 @@ import (
 )
 
 // TestWeightOnlyChangeIsEDSOnly: when only the weights change, istiod pushes EDS and nothing
-// else to every client proxy, except the Service's own pods: a proxy whose own endpoint's weight
-// changed gets a full push (CDS, EDS, LDS, RDS). Each proxy holds an open ADS stream subscribed like Envoy; the
+// else to every client proxy, except the Service's own pods whose weight changed: a proxy whose
+// own endpoint changed gets a full push (CDS, EDS, LDS, RDS) as well; one whose weight stayed
+// gets EDS only (own-pod-weight-unchanged). Each proxy holds an open ADS stream subscribed like Envoy; the
 // test records every response between a weight change and the EDS response that carries the new
 // weights. Two changes in a row, so a full push's LDS/RDS trailing the first EDS would show up
 // before the second change's EDS (one stream delivers one push after another).
 func TestWeightOnlyChangeIsEDSOnly(t *testing.T) {
-	for _, s := range []shape{
-		{name: "port-http", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)))},
-		{name: "multi-port", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)), port("tcp-db", 5432, intstr.FromInt32(5432)))},
+	for _, tc := range []struct {
+		shape
+		// ownWeightChanges: the weight of the pod behind the own-pod proxy changes too.
+		ownWeightChanges bool
+	}{
+		{shape{name: "port-http", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)))}, true},
+		{shape{name: "multi-port", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)), port("tcp-db", 5432, intstr.FromInt32(5432)))}, true},
+		{shape{name: "own-pod-weight-unchanged", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)))}, false},
 	} {
+		s := tc.shape
 		t.Run(s.name, func(t *testing.T) {
 			w := s.world
 			f := server(t, w, nil, xds.FakeOptions{MeshConfig: meshConfig(s)})
@@ -36,7 +43,9 @@ func TestWeightOnlyChangeIsEDSOnly(t *testing.T) {
 			}
 			for change := 1; change <= 2; change++ {
 				for i := range w.pods {
-					w.pods[i].weight = uint32(100*change + i + 1)
+					if i > 0 || tc.ownWeightChanges {
+						w.pods[i].weight = uint32(100*change + i + 1)
+					}
 				}
 				spec, _ := build(t, w)
 				applySE(t, f, spec)
@@ -48,7 +57,7 @@ func TestWeightOnlyChangeIsEDSOnly(t *testing.T) {
 					// One of the Service's own pods also gets a full push (its own endpoint
 					// changed), before or after the EDS push: read until both arrived. A
 					// missing full push fails at the response timeout.
-					ownPod := st.c.name == "own-pod"
+					ownPod := st.c.name == "own-pod" && tc.ownWeightChanges
 					var got []string
 					for weighted, full := false, false; !weighted || (ownPod && !full); {
 						resp := st.receive(t)
