@@ -3,6 +3,7 @@ package istiod
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -24,8 +25,9 @@ func hostKey(ep *endpointv3.LbEndpoint) string {
 // keptByEnvoy returns the ClusterLoadAssignment as Envoy applies it: the first occurrence of
 // each address across the whole assignment (all priorities and localities) is the host, later
 // ones are dropped, and a LocalityLbEndpoints left empty disappears. The weights of the kept
-// endpoints are returned by address and cleared, as are the localities' weights (derived sums,
-// checked separately where a case uses locality-weighted balancing).
+// endpoints are returned by address and cleared, as are the localities' weights (istiod sends
+// the sum of a locality's endpoint weights, duplicates included; Envoy reads it only when the
+// cluster balances by locality weight, which compareEndpoints checks separately).
 func keptByEnvoy(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, map[string]uint32) {
 	out, weights, _ := keptHosts(cla)
 	return out, weights
@@ -36,9 +38,17 @@ func keptByEnvoy(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoad
 // blanks that name in the returned assignment: istiod names a ServiceEntry endpoint's workload
 // "<serviceentry>-<index>" and offers no field to set it (TestWorkloadNameOfServiceEntryHosts).
 func keptHosts(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, map[string]uint32, map[string]string) {
+	out, weights, workloads, _ := keptHostsAndLocalityWeights(cla)
+	return out, weights, workloads
+}
+
+// keptHostsAndLocalityWeights is keptHosts that also returns the localities' weights as sent,
+// by priority and locality.
+func keptHostsAndLocalityWeights(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, map[string]uint32, map[string]string, map[string]uint32) {
 	out := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
 	weights := map[string]uint32{}
 	workloads := map[string]string{}
+	localityWeights := map[string]uint32{}
 	seen := map[string]bool{}
 	var groups []*endpointv3.LocalityLbEndpoints
 	for _, g := range out.Endpoints {
@@ -67,6 +77,7 @@ func keptHosts(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAs
 			continue
 		}
 		g.LbEndpoints = kept
+		localityWeights[fmt.Sprintf("%d %s", g.Priority, localityString(g.Locality))] = g.GetLoadBalancingWeight().GetValue()
 		g.LoadBalancingWeight = nil
 		slices.SortFunc(g.LbEndpoints, func(a, b *endpointv3.LbEndpoint) int { return cmp.Compare(hostKey(a), hostKey(b)) })
 		groups = append(groups, g)
@@ -75,7 +86,7 @@ func keptHosts(cla *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAs
 		return cmp.Or(cmp.Compare(a.Priority, b.Priority), cmp.Compare(localityString(a.Locality), localityString(b.Locality)))
 	})
 	out.Endpoints = groups
-	return out, weights, workloads
+	return out, weights, workloads, localityWeights
 }
 
 func localityString(l *corev3.Locality) string {
@@ -84,8 +95,11 @@ func localityString(l *corev3.Locality) string {
 
 // compareEndpoints checks the EDS half of the invariant for one proxy. For the weighted Service's
 // clusters, the hosts Envoy keeps must equal the Kubernetes-only hosts in everything but the
-// weight, and carry the operator's weight; every other cluster must be byte-identical.
-func compareEndpoints(d *diffs, without, with map[string]*endpointv3.ClusterLoadAssignment, wantWeight map[string]uint32) {
+// weight, and carry the operator's weight; where the cluster balances by locality weight
+// (localityWeighted), each locality's weight must stay (set by distribute) or grow by exactly its
+// hosts' operator weights.
+// Every other cluster must be byte-identical.
+func compareEndpoints(d *diffs, without, with map[string]*endpointv3.ClusterLoadAssignment, wantWeight map[string]uint32, localityWeighted func(cluster string) bool) {
 	for name, a := range without {
 		b, ok := with[name]
 		if !ok {
@@ -98,8 +112,24 @@ func compareEndpoints(d *diffs, without, with map[string]*endpointv3.ClusterLoad
 			}
 			continue
 		}
-		keptA, _ := keptByEnvoy(a)
-		keptB, weightsB := keptByEnvoy(b)
+		keptA, _, _, localityA := keptHostsAndLocalityWeights(a)
+		keptB, weightsB, _, localityB := keptHostsAndLocalityWeights(b)
+		if localityWeighted(name) {
+			// A locality keeps the share localityLbSetting.distribute gives it; otherwise
+			// istiod weighs it by the sum of its endpoints' weights, the Kubernetes duplicates
+			// Envoy drops included: with the ServiceEntry it must weigh its hosts' operator
+			// weights plus exactly what it weighed without.
+			want := maps.Clone(localityA)
+			for _, g := range keptB.Endpoints {
+				k := fmt.Sprintf("%d %s", g.Priority, localityString(g.Locality))
+				for _, ep := range g.LbEndpoints {
+					want[k] += weightsB[hostKey(ep)]
+				}
+			}
+			if !maps.Equal(localityA, localityB) && !maps.Equal(want, localityB) {
+				d.add("EDS %s: locality weights %v with the ServiceEntry, want %v (%v without it plus the operator's weights)", name, localityB, want, localityA)
+			}
+		}
 		if !proto.Equal(keptA, keptB) {
 			d.add("EDS %s: the hosts Envoy keeps differ from the Kubernetes hosts beyond the weight (-without +with):\n%s",
 				name, gocmp.Diff(keptA, keptB, protocmp.Transform()))
