@@ -112,6 +112,18 @@ func compareEndpoints(d *diffs, without, with map[string]*endpointv3.ClusterLoad
 			}
 			continue
 		}
+		// Both copies of an address must share one LocalityLbEndpoints: a second group for the
+		// same locality and priority (istiod groups by its locality string, "r/z" and "r/z/"
+		// differ) splits the locality's weight in two.
+		groups := map[string]int{}
+		for _, g := range b.Endpoints {
+			groups[fmt.Sprintf("priority %d locality %s", g.Priority, localityString(g.Locality))]++
+		}
+		for k, n := range groups {
+			if n > 1 {
+				d.add("EDS %s: %d LocalityLbEndpoints for %s", name, n, k)
+			}
+		}
 		keptA, _, _, localityA := keptHostsAndLocalityWeights(a)
 		keptB, weightsB, _, localityB := keptHostsAndLocalityWeights(b)
 		if localityWeighted(name) {
