@@ -43,6 +43,11 @@ vet: ## Run go vet.
 test: test-assets vet verify-generated ## Run every test, building the real test components on first use.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) test-istiod
+
+.PHONY: test-istiod
+test-istiod: istiod-module ## Run the differential tests against istiod's own xDS generation (module test/istiod).
+	cd test/istiod && $(GO) vet ./... && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no real components (fast loop).
@@ -65,11 +70,15 @@ simulate: ## Run the simulator on its built-in seed-fib scenario.
 ##@ Test components
 
 .PHONY: test-assets
-test-assets: envtest-assets victoriametrics helm kustomize ## Build the real components the tests run against.
+test-assets: envtest-assets victoriametrics helm kustomize istiod-module ## Build the real components the tests run against.
 
 .PHONY: envtest-assets
 envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k8s.
 	hack/build-envtest-assets.sh "$(TOOLS_DIR)/k8s"
+
+.PHONY: istiod-module
+istiod-module: ## Prepare the patched istio.io/istio copy the istiod tests compile into $(TOOLS_DIR)/istio.
+	hack/build-istiod-module.sh "$(TOOLS_DIR)/istio"
 
 .PHONY: helm
 helm: ## Build the helm CLI for the chart tests into $(TOOLS_DIR)/helm.

@@ -260,7 +260,8 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		if errors.Is(err, istio.ErrNoPorts) {
 			reason = adlbv1.ReasonNoPorts
 		}
-		// The ServiceEntry written before the change would stop following the endpoints: a
+		// The Service may have changed into a shape that cannot be mirrored (a port renamed,
+		// an exportTo annotation): a ServiceEntry written for its old shape is now wrong, and a
 		// frozen copy routes to pods that are gone, so it goes.
 		if delErr := r.deleteOwnedServiceEntry(ctx, alb, reason); delErr != nil {
 			return mirrorOutcome{}, delErr

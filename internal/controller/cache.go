@@ -106,7 +106,7 @@ func trimForeignServiceEntry(obj any) (any, error) {
 }
 
 // trimService drops annotations (kubectl's last-applied copy of the whole object is the usual
-// bulk) and the status; the spec is read whole.
+// bulk) except Istio's exportTo, and the status; the spec is read whole.
 func trimService(obj any) (any, error) {
 	svc, ok := obj.(*corev1.Service)
 	if !ok {
@@ -115,6 +115,10 @@ func trimService(obj any) (any, error) {
 	out := &corev1.Service{TypeMeta: svc.TypeMeta, Spec: svc.Spec}
 	out.ObjectMeta = trimmedMeta(svc.ObjectMeta)
 	out.Labels = svc.Labels
+	// istio.Build keeps the ServiceEntry's exportTo within the Service's own.
+	if v, ok := svc.Annotations[istio.ExportToAnnotation]; ok {
+		out.Annotations = map[string]string{istio.ExportToAnnotation: v}
+	}
 	return out, nil
 }
 

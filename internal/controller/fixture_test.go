@@ -95,12 +95,13 @@ func (f *fixture) service(name string, opts ...func(*corev1.Service)) *corev1.Se
 	return s
 }
 
-// pod creates a running, ready pod with an Istio sidecar on node-a (zone eu-west-1a).
+// pod creates a running, ready pod with an Istio sidecar on node-a (zone eu-west-1a), labelled
+// and annotated as Istio's injector does.
 func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	f.t.Helper()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns,
-			Labels:      map[string]string{"app": app, "version": "v1"},
+			Labels:      map[string]string{"app": app, "version": "v1", "security.istio.io/tlsMode": "istio"},
 			Annotations: map[string]string{"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`}},
 		Spec: corev1.PodSpec{
 			NodeName:           "node-a",

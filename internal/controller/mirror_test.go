@@ -36,6 +36,13 @@ func TestMirror_ServiceEntryMatchesTheServiceExactly(t *testing.T) {
 	if got := spec.Hosts; len(got) != 1 || got[0] != "web."+f.ns+".svc.cluster.local" {
 		t.Fatalf("hosts %v", got)
 	}
+	svc := &corev1.Service{}
+	if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	if got := spec.Addresses; len(got) != 1 || got[0] != svc.Spec.ClusterIP {
+		t.Fatalf("addresses %v, want the Service's ClusterIP %s", got, svc.Spec.ClusterIP)
+	}
 	if spec.Location != apinetworkingv1.ServiceEntry_MESH_INTERNAL || spec.Resolution != apinetworkingv1.ServiceEntry_STATIC {
 		t.Fatalf("location %v resolution %v", spec.Location, spec.Resolution)
 	}
@@ -50,7 +57,7 @@ func TestMirror_ServiceEntryMatchesTheServiceExactly(t *testing.T) {
 		if e.Labels["app"] != "web" || e.Labels["version"] != "v1" || e.Labels["security.istio.io/tlsMode"] != "istio" {
 			t.Errorf("%s labels %v", e.Address, e.Labels)
 		}
-		if e.ServiceAccount != "web-sa" || e.Locality != "eu-west/eu-west-1a" || e.Weight != 100 {
+		if e.ServiceAccount != "web-sa" || e.Locality != "eu-west/eu-west-1a/" || e.Weight != 100 {
 			t.Errorf("%s serviceAccount %q locality %q weight %d", e.Address, e.ServiceAccount, e.Locality, e.Weight)
 		}
 	}
@@ -489,4 +496,35 @@ func TestMirror_NoPortsOrAnUnnamedPortRemovesTheServiceEntry(t *testing.T) {
 	}
 	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonUnsupported)
 	gone("a Service port without a name removes the ServiceEntry")
+}
+
+// A Service that changes into a shape Build refuses (here: an exportTo annotation that shares no
+// namespace with the AdaptiveLoadBalancer's spec.exportTo) loses its ServiceEntry: the copy
+// written for the old shape would keep weighting a Service it no longer describes.
+func TestMirror_AServiceThatBecomesUnsupportedLosesItsServiceEntry(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	svc := f.service("web")
+	f.pod("web", "web-1", "10.8.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.8.0.1"))
+	f.alb("web", "web", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.ExportTo = []string{"other"} })
+	f.waitForAddresses("web", "10.8.0.1")
+
+	if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Annotations = map[string]string{"networking.istio.io/exportTo": "."}
+	if err := k8s.Update(f.ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	c := f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonUnsupported)
+	if !strings.Contains(c.Message, "shares no namespace") {
+		t.Fatalf("message %q does not say why", c.Message)
+	}
+	f.eventually("ServiceEntry of the now unsupported Service removed", func() error {
+		if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (err %v)", err)
+		}
+		return nil
+	})
 }

@@ -57,7 +57,7 @@ func fleet(tb testing.TB, n int) []*service {
 		ns, name := fmt.Sprintf("team-%04d", s/10), fmt.Sprintf("svc-%05d", s)
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name}, Ports: []corev1.ServicePort{
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name}, ClusterIP: fmt.Sprintf("10.96.%d.%d", s/250, s%250+1), Ports: []corev1.ServicePort{
 				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
 				{Name: "grpc", Port: 9090, TargetPort: intstr.FromInt32(9090), Protocol: corev1.ProtocolTCP},
 			}},

@@ -28,7 +28,7 @@ func service(opts ...func(*corev1.Service)) *corev1.Service {
 
 func pod(name, ip, node string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", Labels: map[string]string{"app": "web", "version": "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", Labels: map[string]string{"app": "web", "version": "v1", TLSModeLabel: TLSModeIstio},
 			Annotations: map[string]string{SidecarStatusAnnotation: "{}"}},
 		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "web-sa",
 			Containers: []corev1.Container{{Name: "app"}, {Name: SidecarContainer}}},

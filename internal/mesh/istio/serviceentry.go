@@ -2,9 +2,12 @@
 //
 // It is the only place that knows how an endpoint must look for Istio. istiod merges a
 // ServiceEntry's endpoints with the Kubernetes endpoints of the same host, and Envoy keeps the
-// first copy of an address, which is the ServiceEntry's: so that copy must carry everything the
-// Kubernetes copy would have (labels for DestinationRule subsets, the mTLS label, the service
-// account, the locality, the port names and target ports), plus the weight. See docs/istio.md.
+// first copy of an address across the whole ClusterLoadAssignment, which is the ServiceEntry's:
+// so that copy must be what istiod makes of the pod's Kubernetes endpoint (labels for
+// DestinationRule subsets, tlsMode, locality, port names and target ports), plus the weight, and
+// the ServiceEntry must merge into the Service without adding listeners or routes of its own
+// (the Service's address, its ports' protocols, its visibility). The differential tests in
+// test/istiod check this against istiod itself; see docs/istio.md.
 //
 // The package is pure: objects in, desired spec out.
 package istio
@@ -12,6 +15,7 @@ package istio
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -34,6 +38,16 @@ const (
 	RegionLabel  = "topology.kubernetes.io/region"
 	ZoneLabel    = "topology.kubernetes.io/zone"
 	SubzoneLabel = "topology.istio.io/subzone"
+	// LegacyRegionLabel and LegacyZoneLabel are the deprecated node labels istiod still reads
+	// when the well-known ones are absent.
+	LegacyRegionLabel = "failure-domain.beta.kubernetes.io/region"
+	LegacyZoneLabel   = "failure-domain.beta.kubernetes.io/zone"
+	// LocalityLabel on a pod overrides the locality istiod derives from its node; the legacy
+	// label istio-locality is read when it is absent. Either may use "." for "/".
+	LocalityLabel       = "topology.istio.io/locality"
+	LegacyLocalityLabel = "istio-locality"
+	// ExportToAnnotation on a Service limits the namespaces istiod exports it to.
+	ExportToAnnotation = "networking.istio.io/exportTo"
 )
 
 // ErrUnsupported marks Services the mirror cannot represent.
@@ -83,6 +97,8 @@ func CheckSupported(svc *corev1.Service) error {
 		return fmt.Errorf("%w: service %s/%s is of type ExternalName; it has no endpoints to weight", ErrUnsupported, svc.Namespace, svc.Name)
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
 		return fmt.Errorf("%w: service %s/%s is headless; clients resolve pod IPs through DNS, not Envoy's balancer", ErrUnsupported, svc.Namespace, svc.Name)
+	case svc.Spec.ClusterIP == "" && len(svc.Spec.ClusterIPs) == 0:
+		return fmt.Errorf("%w: service %s/%s has no ClusterIP yet; the ServiceEntry must carry the Service's addresses, or istiod would route its ports for every destination to it", ErrUnsupported, svc.Namespace, svc.Name)
 	case len(svc.Spec.Selector) == 0:
 		return fmt.Errorf("%w: service %s/%s has no selector; its endpoints are managed by hand, so there are no pods to weight", ErrUnsupported, svc.Namespace, svc.Name)
 	}
@@ -97,6 +113,10 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 		return nil, nil, err
 	}
 	ports, err := selectPorts(svc, in.Ports)
+	if err != nil {
+		return nil, nil, err
+	}
+	exportTo, err := exportTo(svc, in.ExportTo)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -136,12 +156,7 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 				// Without the pod we cannot copy its labels; a new endpoint waits for the pod event.
 				continue
 			}
-			var node *corev1.Node
-			nodeName := pod.Spec.NodeName
-			if ep.NodeName != nil {
-				nodeName = *ep.NodeName
-			}
-			node = in.Nodes[nodeName]
+			node := in.Nodes[pod.Spec.NodeName]
 			zone := ""
 			if ep.Zone != nil {
 				zone = *ep.Zone
@@ -161,8 +176,8 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 					Address:        addr,
 					Ports:          copyPorts(targetPorts),
 					Labels:         endpointLabels(pod),
-					ServiceAccount: pod.Spec.ServiceAccountName,
-					Locality:       locality(node, zone),
+					ServiceAccount: serviceAccount(pod),
+					Locality:       PodLocality(pod, node),
 					Weight:         weight,
 				})
 				endpoints = append(endpoints, Endpoint{Pod: pod.Name, IP: addr, Zone: zone, Weight: weight})
@@ -178,17 +193,73 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 	sort.Slice(endpoints, func(i, j int) bool { return endpoints[i].IP < endpoints[j].IP })
 
 	spec := &apinetworkingv1.ServiceEntry{
-		Hosts:      []string{Host(svc, in.ClusterDomain)},
+		Hosts: []string{Host(svc, in.ClusterDomain)},
+		// The Service's own VIPs: without them istiod builds listeners for the ServiceEntry
+		// alone (0.0.0.0:<port> for TCP, capturing every destination on that port) and drops
+		// the ClusterIP from the Service's HTTP route.
+		Addresses:  clusterIPs(svc),
 		Ports:      ports,
 		Location:   apinetworkingv1.ServiceEntry_MESH_INTERNAL,
 		Resolution: apinetworkingv1.ServiceEntry_STATIC,
 		Endpoints:  entries,
-		ExportTo:   append([]string(nil), in.ExportTo...),
+		ExportTo:   exportTo,
 	}
 	if err := checkSize(spec, in.MaxEndpoints); err != nil {
 		return nil, nil, fmt.Errorf("Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return spec, endpoints, nil
+}
+
+// exportTo is where the ServiceEntry is visible: the requested namespaces, never wider than the
+// Service's own exportTo annotation. Where the Service is not visible the ServiceEntry would be
+// a new Service of its own: new clusters and listeners for proxies that had none.
+func exportTo(svc *corev1.Service, requested []string) ([]string, error) {
+	var annotated []string
+	for _, ns := range strings.Split(svc.Annotations[ExportToAnnotation], ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			annotated = append(annotated, ns)
+		}
+	}
+	switch {
+	case len(annotated) == 0 || slices.Contains(annotated, "*"):
+		return append([]string(nil), requested...), nil
+	case len(requested) == 0 || slices.Contains(requested, "*"):
+		return annotated, nil
+	}
+	// Both name namespaces: keep those in both, "." being the Service's own namespace.
+	own := func(ns string) string {
+		if ns == "." {
+			return svc.Namespace
+		}
+		return ns
+	}
+	visible := map[string]bool{}
+	for _, ns := range annotated {
+		visible[own(ns)] = true
+	}
+	var out []string
+	for _, ns := range requested {
+		if visible[own(ns)] && ns != "~" {
+			out = append(out, ns)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: spec.exportTo %v shares no namespace with the exportTo annotation %q of service %s/%s; the weights would apply nowhere. Export to namespaces the Service is visible in", ErrUnsupported, requested, svc.Annotations[ExportToAnnotation], svc.Namespace, svc.Name)
+	}
+	return out, nil
+}
+
+// clusterIPs are the ServiceEntry's addresses: the Service's primary ClusterIP only. With both
+// families of a dual-stack Service, istiod (dual-stack support off, its default) puts the IPv6
+// address in the route's domains in place of the IPv4 one.
+func clusterIPs(svc *corev1.Service) []string {
+	if svc.Spec.ClusterIP != "" {
+		return []string{svc.Spec.ClusterIP}
+	}
+	if len(svc.Spec.ClusterIPs) > 0 {
+		return []string{svc.Spec.ClusterIPs[0]}
+	}
+	return nil
 }
 
 // receivesTraffic applies the EndpointSlice conditions: an endpoint that is not ready, not
@@ -235,41 +306,61 @@ func selectPorts(svc *corev1.Service, numbers []int32) ([]*apinetworkingv1.Servi
 	return out, nil
 }
 
-// protocolOf follows Istio's protocol selection for Kubernetes Services: appProtocol first, then
-// the port name's prefix ("http-web" is HTTP). Anything else is TCP; Istio would sniff it, but a
-// ServiceEntry port needs a protocol, so name ports explicitly to keep L7 features.
+// protocolOf is the protocol istiod gives the Service's port, as a ServiceEntry port protocol:
+// appProtocol first (with Kubernetes' standard kubernetes.io/ names), else the port name; the
+// part before the first "-" names the protocol ("grpc-web" as a whole). A name istiod does not
+// know leaves the protocol to sniffing, which on a ServiceEntry is an empty protocol, except on
+// the well-known ports 25, 53, 3306 and 27017, which are TCP.
 func protocolOf(p corev1.ServicePort) string {
 	name := p.Name
-	if p.AppProtocol != nil && *p.AppProtocol != "" {
+	if p.AppProtocol != nil {
 		name = *p.AppProtocol
-	}
-	prefix := strings.ToLower(name)
-	if i := strings.IndexByte(prefix, '-'); i >= 0 && (p.AppProtocol == nil || *p.AppProtocol == "") {
-		prefix = prefix[:i]
-	}
-	switch prefix {
-	case "http", "http2", "https", "grpc", "grpc-web", "tls", "mongo", "mysql", "redis", "tcp":
-		if prefix == "grpc-web" {
-			return "GRPC-WEB"
+		switch name {
+		case "kubernetes.io/h2c":
+			return "HTTP2"
+		case "kubernetes.io/ws":
+			return "HTTP"
+		case "kubernetes.io/wss":
+			return "HTTPS"
 		}
-		return strings.ToUpper(prefix)
-	case "h2c":
-		return "HTTP2"
 	}
-	return "TCP"
+	if len(name) >= len("grpc-web") && strings.EqualFold(name[:len("grpc-web")], "grpc-web") {
+		return "GRPC-WEB"
+	}
+	if i := strings.IndexByte(name, '-'); i >= 0 {
+		name = name[:i]
+	}
+	switch prefix := strings.ToLower(name); prefix {
+	case "tcp", "grpc", "http", "http2", "https", "tls", "mongo", "redis", "mysql":
+		return strings.ToUpper(prefix)
+	case "http_proxy":
+		return "HTTP_PROXY"
+	}
+	switch p.Port {
+	case 25, 53, 3306, 27017:
+		return "TCP"
+	}
+	return ""
 }
 
+// endpointLabels are the pod's labels, which DestinationRule subsets select on.
 func endpointLabels(pod *corev1.Pod) map[string]string {
-	labels := make(map[string]string, len(pod.Labels)+1)
+	labels := make(map[string]string, len(pod.Labels))
 	for k, v := range pod.Labels {
 		labels[k] = v
 	}
-	if HasSidecar(pod) {
-		if _, set := labels[TLSModeLabel]; !set {
-			labels[TLSModeLabel] = TLSModeIstio
-		}
-	}
 	return labels
+}
+
+// serviceAccount is the endpoint's service account, set only when the pod carries the tlsMode
+// label. istiod reads a Kubernetes endpoint's tlsMode from that label alone (absent means
+// plaintext), but a ServiceEntry endpoint without the label and with a service account gets
+// tlsMode istio: the copy Envoy keeps would then send mTLS to a pod without a sidecar.
+func serviceAccount(pod *corev1.Pod) string {
+	if _, ok := pod.Labels[TLSModeLabel]; !ok {
+		return ""
+	}
+	return pod.Spec.ServiceAccountName
 }
 
 // HasSidecar recognises an injected pod: the injector's status annotation, or an istio-proxy
@@ -291,21 +382,40 @@ func HasSidecar(pod *corev1.Pod) bool {
 	return false
 }
 
-// locality builds Istio's region/zone/subzone string, the same one istiod derives for the
-// Kubernetes copy of the endpoint, so both copies land in the same locality.
-func locality(node *corev1.Node, zone string) string {
-	var region, subzone string
-	if node != nil {
-		region, subzone = node.Labels[RegionLabel], node.Labels[SubzoneLabel]
+// PodLocality is the locality istiod gives the pod's Kubernetes endpoint, so that both copies
+// land in the same LocalityLbEndpoints: the pod's locality label, else region/zone/subzone of
+// its node, always with three parts ("eu-west/eu-west-1a/" without a subzone), else none.
+func PodLocality(pod *corev1.Pod, node *corev1.Node) string {
+	label, ok := pod.Labels[LocalityLabel]
+	if !ok {
+		label = pod.Labels[LegacyLocalityLabel]
 	}
+	if label != "" {
+		if strings.Contains(label, "/") {
+			return label
+		}
+		return strings.ReplaceAll(label, ".", "/")
+	}
+	if node == nil {
+		return ""
+	}
+	region := firstLabel(node.Labels, RegionLabel, LegacyRegionLabel)
+	zone := firstLabel(node.Labels, ZoneLabel, LegacyZoneLabel)
+	subzone := node.Labels[SubzoneLabel]
 	if region == "" && zone == "" && subzone == "" {
 		return ""
 	}
-	l := region + "/" + zone
-	if subzone != "" {
-		l += "/" + subzone
+	return region + "/" + zone + "/" + subzone
+}
+
+// firstLabel returns the first non-empty value among keys.
+func firstLabel(labels map[string]string, keys ...string) string {
+	for _, k := range keys {
+		if v := labels[k]; v != "" {
+			return v
+		}
 	}
-	return l
+	return ""
 }
 
 func copyPorts(m map[string]uint32) map[string]uint32 {

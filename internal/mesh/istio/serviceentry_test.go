@@ -39,7 +39,8 @@ func TestBuild_MirrorsTheServiceExactly(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &apinetworkingv1.ServiceEntry{
-		Hosts: []string{"web.shop.svc.cluster.local"},
+		Hosts:     []string{"web.shop.svc.cluster.local"},
+		Addresses: []string{"10.96.0.10"},
 		Ports: []*apinetworkingv1.ServicePort{
 			{Number: 80, Name: "http-web", Protocol: "HTTP"},
 			{Number: 9090, Name: "grpc", Protocol: "GRPC", TargetPort: 9091},
@@ -52,7 +53,7 @@ func TestBuild_MirrorsTheServiceExactly(t *testing.T) {
 				Ports:          map[string]uint32{"http-web": 8080, "grpc": 9091},
 				Labels:         map[string]string{"app": "web", "version": "v1", TLSModeLabel: TLSModeIstio},
 				ServiceAccount: "web-sa",
-				Locality:       "eu-west/eu-west-1a",
+				Locality:       "eu-west/eu-west-1a/",
 				Weight:         250,
 			},
 			{
@@ -60,7 +61,7 @@ func TestBuild_MirrorsTheServiceExactly(t *testing.T) {
 				Ports:          map[string]uint32{"http-web": 8080, "grpc": 9091},
 				Labels:         map[string]string{"app": "web", "version": "v1", TLSModeLabel: TLSModeIstio},
 				ServiceAccount: "web-sa",
-				Locality:       "eu-west/eu-west-1b",
+				Locality:       "eu-west/eu-west-1b/",
 				Weight:         100,
 			},
 		},
@@ -170,10 +171,16 @@ func TestBuild_PortSelectionAndProtocols(t *testing.T) {
 		{corev1.ServicePort{Name: "http2-api"}, "HTTP2"},
 		{corev1.ServicePort{Name: "https"}, "HTTPS"},
 		{corev1.ServicePort{Name: "tcp-db"}, "TCP"},
-		{corev1.ServicePort{Name: "web"}, "TCP"},
+		// Names istiod does not know are sniffed: an empty ServiceEntry protocol, as on the Service.
+		{corev1.ServicePort{Name: "web", Port: 80}, ""},
+		{corev1.ServicePort{Name: "h2c-api", Port: 80}, ""},
+		// ...except on the well-known ports istiod treats as TCP.
+		{corev1.ServicePort{Name: "db", Port: 3306}, "TCP"},
+		{corev1.ServicePort{Name: "grpc-web-ui"}, "GRPC-WEB"},
 		{corev1.ServicePort{Name: "web", AppProtocol: ptr.To("http")}, "HTTP"},
 		{corev1.ServicePort{Name: "api", AppProtocol: ptr.To("grpc")}, "GRPC"},
-		{corev1.ServicePort{Name: "api", AppProtocol: ptr.To("kubernetes.io/h2c")}, "TCP"},
+		{corev1.ServicePort{Name: "api", AppProtocol: ptr.To("kubernetes.io/h2c")}, "HTTP2"},
+		{corev1.ServicePort{Name: "http-api", AppProtocol: ptr.To("example.com/custom")}, ""},
 	} {
 		if got := protocolOf(tc.port); got != tc.want {
 			t.Errorf("protocol of %+v = %s, want %s", tc.port, got, tc.want)
@@ -181,31 +188,55 @@ func TestBuild_PortSelectionAndProtocols(t *testing.T) {
 	}
 }
 
-func TestBuild_SidecarAndLocalityDetails(t *testing.T) {
+func TestBuild_TLSModeFollowsThePodsLabel(t *testing.T) {
 	in := input(slice("s", discoveryv1.AddressTypeIPv4,
 		endpoint("web-a", "10.0.0.1", "eu-west-1a"),
-		endpoint("web-b", "10.0.0.2", "", func(e *discoveryv1.Endpoint) { e.Zone = nil }),
+		endpoint("web-b", "10.0.0.2", "eu-west-1b"),
 	))
-	// web-a has no sidecar at all; web-b is a native-sidecar pod without the annotation.
+	// web-a has no sidecar: no tlsMode label. istiod gives a ServiceEntry endpoint with a
+	// service account and no label the tlsMode istio, so the service account must go too.
+	delete(in.Pods["web-a"].Labels, TLSModeLabel)
 	in.Pods["web-a"].Annotations = nil
 	in.Pods["web-a"].Spec.Containers = []corev1.Container{{Name: "app"}}
-	in.Pods["web-b"].Annotations = nil
-	in.Pods["web-b"].Spec.Containers = []corev1.Container{{Name: "app"}}
-	in.Pods["web-b"].Spec.InitContainers = []corev1.Container{{Name: SidecarContainer}}
-	in.Nodes["node-2"].Labels[SubzoneLabel] = "rack-7"
 	spec, _, err := Build(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := spec.Endpoints[0].Labels[TLSModeLabel]; ok {
-		t.Fatal("a pod without a sidecar must not claim Istio mTLS")
+	if _, ok := spec.Endpoints[0].Labels[TLSModeLabel]; ok || spec.Endpoints[0].ServiceAccount != "" {
+		t.Fatalf("a pod without the tlsMode label got labels %v and service account %q; istiod would send it mTLS",
+			spec.Endpoints[0].Labels, spec.Endpoints[0].ServiceAccount)
 	}
-	if spec.Endpoints[1].Labels[TLSModeLabel] != TLSModeIstio {
-		t.Fatal("a native-sidecar pod must carry the tlsMode label")
+	if spec.Endpoints[1].Labels[TLSModeLabel] != TLSModeIstio || spec.Endpoints[1].ServiceAccount != "web-sa" {
+		t.Fatalf("an injected pod got labels %v and service account %q", spec.Endpoints[1].Labels, spec.Endpoints[1].ServiceAccount)
 	}
-	// No zone on the slice: the node's zone label is used, with Istio's subzone.
-	if got := spec.Endpoints[1].Locality; got != "eu-west/eu-west-1b/rack-7" {
-		t.Fatalf("locality %q", got)
+}
+
+func TestPodLocality(t *testing.T) {
+	nodeWith := func(labels map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: labels}}
+	}
+	podWith := func(labels map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: labels}}
+	}
+	full := nodeWith(map[string]string{RegionLabel: "r", ZoneLabel: "z", SubzoneLabel: "s"})
+	for name, tc := range map[string]struct {
+		pod  *corev1.Pod
+		node *corev1.Node
+		want string
+	}{
+		"region zone subzone": {podWith(nil), full, "r/z/s"},
+		// istiod always writes three parts for a Kubernetes endpoint.
+		"region zone":       {podWith(nil), nodeWith(map[string]string{RegionLabel: "r", ZoneLabel: "z"}), "r/z/"},
+		"zone only":         {podWith(nil), nodeWith(map[string]string{ZoneLabel: "z"}), "/z/"},
+		"no topology":       {podWith(nil), nodeWith(nil), ""},
+		"no node":           {podWith(nil), nil, ""},
+		"legacy node label": {podWith(nil), nodeWith(map[string]string{LegacyRegionLabel: "r", LegacyZoneLabel: "z"}), "r/z/"},
+		"pod label wins":    {podWith(map[string]string{LocalityLabel: "a/b/c"}), full, "a/b/c"},
+		"pod label dots":    {podWith(map[string]string{LegacyLocalityLabel: "a.b"}), full, "a/b"},
+	} {
+		if got := PodLocality(tc.pod, tc.node); got != tc.want {
+			t.Errorf("%s: locality %q, want %q", name, got, tc.want)
+		}
 	}
 }
 
@@ -217,6 +248,7 @@ func TestCheckSupported(t *testing.T) {
 		"ExternalName": {service(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }), "is of type ExternalName"},
 		"headless":     {service(func(s *corev1.Service) { s.Spec.ClusterIP = corev1.ClusterIPNone }), "is headless"},
 		"no selector":  {service(func(s *corev1.Service) { s.Spec.Selector = nil }), "has no selector"},
+		"no ClusterIP": {service(func(s *corev1.Service) { s.Spec.ClusterIP = "" }), "has no ClusterIP yet"},
 		"unnamed single port": {service(func(s *corev1.Service) {
 			s.Spec.Ports = []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}
 		}), "port 80 has no name"},
@@ -228,6 +260,44 @@ func TestCheckSupported(t *testing.T) {
 			_, _, err := Build(in)
 			if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want ErrUnsupported containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuild_ExportToNeverWiderThanTheService(t *testing.T) {
+	for name, tc := range map[string]struct {
+		annotation string
+		requested  []string
+		want       []string
+		refused    bool
+	}{
+		"neither":                 {"", nil, nil, false},
+		"spec only":               {"", []string{"."}, []string{"."}, false},
+		"annotation only":         {".", nil, []string{"."}, false},
+		"annotation all":          {"*", []string{"a"}, []string{"a"}, false},
+		"spec all":                {"shop, istio-system", []string{"*"}, []string{"shop", "istio-system"}, false},
+		"both: intersection":      {"shop,istio-system", []string{".", "other"}, []string{"."}, false},
+		"both: nothing in common": {".", []string{"other"}, nil, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := input(slice("s", discoveryv1.AddressTypeIPv4, endpoint("web-a", "10.0.0.1", "z")))
+			if tc.annotation != "" {
+				in.Service.Annotations = map[string]string{ExportToAnnotation: tc.annotation}
+			}
+			in.ExportTo = tc.requested
+			spec, _, err := Build(in)
+			if tc.refused {
+				if !errors.Is(err, ErrUnsupported) {
+					t.Fatalf("err = %v, want ErrUnsupported", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(spec.ExportTo, ",") != strings.Join(tc.want, ",") {
+				t.Fatalf("exportTo %v, want %v", spec.ExportTo, tc.want)
 			}
 		})
 	}
