@@ -1,0 +1,281 @@
+package weights
+
+import (
+	"math"
+	"sort"
+)
+
+// podGroup is a set of endpoints alike enough to share one latency model: the same CPU limit and
+// node size, and CPU costs per request within groupCostSpread of the group's cheapest.
+type podGroup struct {
+	members  []int
+	cost     float64 // CPU-seconds per request, rate-weighted over the members
+	limit    float64 // cores
+	cores    float64
+	capacity float64 // requests per second one member serves at its CPU limit
+	model    *podModel
+	// loadScale calibrates the model's load axis: the model is read at loadScale × the load
+	// the members would see, as fitted to their histogram.
+	loadScale float64
+}
+
+// groupCostSpread is the relative cost difference within which endpoints share a group.
+const groupCostSpread = 0.2
+
+// tailShares returns each endpoint's target share of the traffic: the split of the planning load
+// over the groups that minimises the predicted fleet latency quantile, spread evenly over each
+// group's members. ok marks the endpoints with usable metrics; others get no share. It returns
+// false when no split keeps the quantile finite (the fleet is near or beyond its capacity); the
+// caller then keeps the capacity split.
+func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) ([]float64, bool) {
+	p := s.Tail
+	groups := groupEndpoints(in.Endpoints, ok, limit)
+	if len(groups) == 0 || totalRate <= 0 {
+		return nil, false
+	}
+	load := math.Max(totalRate, in.RecentPeakRequestRate) * p.BurstMargin
+	var fleetCapacity float64
+	for _, g := range groups {
+		fleetCapacity += g.capacity * float64(len(g.members))
+	}
+	// Bounds per group, as shares of the planning load: a floor that keeps every pod measurable,
+	// and a ceiling from the utilization cap and the distance allowed from the capacity split.
+	lo := make([]float64, len(groups))
+	hi := make([]float64, len(groups))
+	var floors float64
+	for gi, g := range groups {
+		n := float64(len(g.members))
+		lo[gi] = math.Min(p.MinPodRate*n, 0.5*load*n/float64(countTrue(ok))) / load
+		floors += lo[gi]
+		byUtilization := p.MaxUtilization / g.loadScale * g.capacity * n / load
+		byCapacity := p.MaxShareRatio * g.capacity * n / fleetCapacity
+		hi[gi] = math.Max(lo[gi], math.Min(byUtilization, byCapacity))
+	}
+	var ceilings float64
+	for gi := range groups {
+		ceilings += hi[gi]
+	}
+	if floors >= 1 || ceilings < 1 {
+		return nil, false
+	}
+	tailMass := func(gi int, x, t float64) float64 {
+		g := groups[gi]
+		if x <= 0 {
+			return 0
+		}
+		u := g.loadScale * x * load / float64(len(g.members)) / g.capacity
+		return x * g.model.tail(t/g.cost, u)
+	}
+	budget := 1 - p.Quantile
+	// allocate splits the load for a latency threshold t, each step adding load where it adds
+	// the least mass above t, and returns the split and its mass above t.
+	const steps = 400
+	allocate := func(t float64) ([]float64, float64) {
+		x := append([]float64(nil), lo...)
+		step := (1 - floors) / steps
+		for k := 0; k < steps; k++ {
+			best, bestCost := -1, math.Inf(1)
+			for gi := range groups {
+				if x[gi]+step > hi[gi]+1e-12 {
+					continue
+				}
+				c := tailMass(gi, x[gi]+step, t) - tailMass(gi, x[gi], t)
+				if c < bestCost {
+					best, bestCost = gi, c
+				}
+			}
+			if best < 0 {
+				return x, math.Inf(1)
+			}
+			x[best] += step
+		}
+		var mass float64
+		for gi := range groups {
+			mass += tailMass(gi, x[gi], t)
+		}
+		return x, mass
+	}
+	// Bisect on the threshold: the smallest t whose best split keeps the mass above t within
+	// the budget is the lowest quantile reachable, and that split reaches it.
+	var maxCost float64
+	for _, g := range groups {
+		maxCost = math.Max(maxCost, g.cost)
+	}
+	tLo, tHi := 0.0, maxCost*modelTime(modelTimePoints-1)
+	split, mass := allocate(tHi)
+	if mass > budget {
+		return nil, false
+	}
+	for i := 0; i < 40 && tHi-tLo > 1e-4*tHi; i++ {
+		mid := (tLo + tHi) / 2
+		if x, m := allocate(mid); m <= budget {
+			tHi, split = mid, x
+		} else {
+			tLo = mid
+		}
+	}
+	shares := make([]float64, len(in.Endpoints))
+	for gi, g := range groups {
+		for _, i := range g.members {
+			shares[i] = split[gi] / float64(len(g.members))
+		}
+	}
+	return shares, true
+}
+
+// groupEndpoints groups the usable endpoints and gives each group its calibrated model.
+func groupEndpoints(endpoints []Endpoint, ok []bool, limit func(Endpoint) float64) []*podGroup {
+	type member struct {
+		i           int
+		cost, limit float64
+		cores       float64
+	}
+	var ms []member
+	for i, ep := range endpoints {
+		if !ok[i] {
+			continue
+		}
+		l := limit(ep)
+		cores := ep.NodeCPUCores
+		if !(cores > 0) || !finite(cores) {
+			cores = math.Max(2, 4*l)
+		}
+		ms = append(ms, member{i: i, cost: ep.CPUCores / ep.RequestRate, limit: math.Min(l, cores), cores: cores})
+	}
+	sort.SliceStable(ms, func(a, b int) bool {
+		if ms[a].limit != ms[b].limit {
+			return ms[a].limit < ms[b].limit
+		}
+		if ms[a].cores != ms[b].cores {
+			return ms[a].cores < ms[b].cores
+		}
+		return ms[a].cost < ms[b].cost
+	})
+	var groups []*podGroup
+	var first member
+	for k, m := range ms {
+		if k == 0 || m.limit != first.limit || m.cores != first.cores || m.cost > first.cost*(1+groupCostSpread) {
+			groups = append(groups, &podGroup{limit: m.limit, cores: m.cores})
+			first = m
+		}
+		g := groups[len(groups)-1]
+		g.members = append(g.members, m.i)
+	}
+	for _, g := range groups {
+		var cpu, rate float64
+		for _, i := range g.members {
+			cpu += endpoints[i].CPUCores
+			rate += endpoints[i].RequestRate
+		}
+		g.cost = cpu / rate
+		g.capacity = g.limit / g.cost
+		g.calibrate(endpoints, rate/float64(len(g.members)))
+	}
+	return groups
+}
+
+// calibrationScales are the load-axis scales tried when fitting a group's model to its histogram.
+var calibrationScales = []float64{0.8, 1, 1.25, 1.6}
+
+// calibrate picks the request-size variability and load-axis scale whose predicted histogram
+// best fits the members' pooled histogram (multinomial likelihood over its buckets). Without a
+// histogram the defaults stand: variability defaultModelCV and scale 1.
+func (g *podGroup) calibrate(endpoints []Endpoint, perPodRate float64) {
+	g.loadScale = 1
+	g.model = modelFor(newModelKey(g.cores, g.limit, g.cost, defaultModelCV))
+	bounds, counts := pooledHistogram(endpoints, g.members)
+	var total float64
+	for _, c := range counts {
+		total += c
+	}
+	if total < 50 {
+		return
+	}
+	u := perPodRate / g.capacity
+	best := math.Inf(-1)
+	for _, cv := range modelCVs {
+		m := modelFor(newModelKey(g.cores, g.limit, g.cost, cv))
+		for _, scale := range calibrationScales {
+			if u*scale > maxModelUtilization {
+				continue
+			}
+			var ll float64
+			prevTail := 1.0
+			for b, ub := range bounds {
+				tail := 0.0
+				if !math.IsInf(ub, 1) {
+					tail = m.tail(ub/g.cost, u*scale)
+				}
+				prob := math.Max(prevTail-tail, 1e-6)
+				ll += counts[b] * math.Log(prob)
+				prevTail = tail
+			}
+			// Prefer the uncalibrated axis on ties: a scale must earn its place.
+			if scale != 1 {
+				ll -= 2
+			}
+			if ll > best {
+				best, g.model, g.loadScale = ll, m, scale
+			}
+		}
+	}
+}
+
+// pooledHistogram adds the members' cumulative histograms and returns per-bucket (not
+// cumulative) counts by upper bound, ending with +Inf. Members whose bounds differ from the first
+// member's are left out.
+func pooledHistogram(endpoints []Endpoint, members []int) ([]float64, []float64) {
+	var bounds, cum []float64
+	for _, i := range members {
+		bs := endpoints[i].LatencyBuckets
+		if len(bs) == 0 {
+			continue
+		}
+		if bounds == nil {
+			for _, b := range bs {
+				bounds = append(bounds, b.UpperBoundSeconds)
+			}
+			cum = make([]float64, len(bs))
+		}
+		if len(bs) != len(bounds) {
+			continue
+		}
+		same := true
+		for k, b := range bs {
+			if b.UpperBoundSeconds != bounds[k] || !finite(b.Count) || b.Count < 0 {
+				same = false
+				break
+			}
+		}
+		if !same {
+			continue
+		}
+		for k, b := range bs {
+			cum[k] += b.Count
+		}
+	}
+	if bounds == nil {
+		return nil, nil
+	}
+	if !math.IsInf(bounds[len(bounds)-1], 1) {
+		bounds = append(bounds, math.Inf(1))
+		cum = append(cum, cum[len(cum)-1])
+	}
+	counts := make([]float64, len(cum))
+	prev := 0.0
+	for k, c := range cum {
+		counts[k] = math.Max(0, c-prev)
+		prev = math.Max(prev, c)
+	}
+	return bounds, counts
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
