@@ -104,7 +104,24 @@ func (s *edfScheduler) pop() int32 {
 	last := len(s.heap) - 1
 	s.heap[0] = s.heap[last]
 	s.heap = s.heap[:last]
-	i := 0
+	s.down(0)
+	s.now = top.deadline
+	return top.host
+}
+
+// repick takes the host due first and schedules it again with the weight it has now: pop and
+// add in one sift. Deadlines with their insertion order are unique keys, so the hosts come out
+// in the order pop and add would give.
+func (s *edfScheduler) repick(weight func(host int32) float64) int32 {
+	top := s.heap[0]
+	s.now = top.deadline
+	s.counter++
+	s.heap[0] = edfEntry{deadline: s.now + 1/weight(top.host), order: s.counter, host: top.host}
+	s.down(0)
+	return top.host
+}
+
+func (s *edfScheduler) down(i int) {
 	for {
 		l, r, m := 2*i+1, 2*i+2, i
 		if l < len(s.heap) && s.less(l, m) {
@@ -119,8 +136,6 @@ func (s *edfScheduler) pop() int32 {
 		s.heap[i], s.heap[m] = s.heap[m], s.heap[i]
 		i = m
 	}
-	s.now = top.deadline
-	return top.host
 }
 
 // balancer is one Envoy worker's load balancer over the current host set. Hosts are pod ids;
@@ -217,8 +232,7 @@ func (b *balancer) pick(active []int32, r *rand.Rand) int32 {
 		}
 		return best
 	default: // weighted: earliest deadline first
-		h := b.edf.pop()
-		b.edf.add(h, b.effectiveWeight(int(h), active))
+		h := b.edf.repick(func(h int32) float64 { return b.effectiveWeight(int(h), active) })
 		return b.hosts[h]
 	}
 }

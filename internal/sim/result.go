@@ -58,15 +58,7 @@ const recoveryLookback = 60
 
 // recoveries measures every speed event of the scenario from the warm responses.
 func (s *simulation) recoveries() []Recovery {
-	var changes []float64
-	for _, pg := range s.sc.Pods {
-		for _, ev := range pg.Events {
-			if ev.Speed != nil {
-				changes = append(changes, ev.At.Seconds())
-			}
-		}
-	}
-	sort.Float64s(changes)
+	changes := speedChanges(s.sc)
 	interval := s.sc.Controller.Interval.Seconds()
 	if interval <= 0 {
 		return nil
@@ -101,6 +93,20 @@ func (s *simulation) recoveries() []Recovery {
 		out = append(out, rec)
 	}
 	return out
+}
+
+// speedChanges returns when the scenario changes a pod group's speed, in order.
+func speedChanges(sc *Scenario) []float64 {
+	var changes []float64
+	for _, pg := range sc.Pods {
+		for _, ev := range pg.Events {
+			if ev.Speed != nil {
+				changes = append(changes, ev.At.Seconds())
+			}
+		}
+	}
+	sort.Float64s(changes)
+	return changes
 }
 
 // Percentiles are latency percentiles in milliseconds.
@@ -147,8 +153,8 @@ const timelineBucket = 10
 
 func (s *simulation) result() *Result {
 	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, Weights: s.weightLog}
-	r.Requests = int64(len(s.latencies))
-	r.Latency = percentiles(s.latencies)
+	r.Requests = int64(s.latency.n)
+	r.Latency = s.latency.percentiles()
 	measured := s.end - s.warmup
 	for i, p := range s.pods {
 		var cpu0, from float64
@@ -165,7 +171,7 @@ func (s *simulation) result() *Result {
 		if span <= 0 {
 			continue
 		}
-		pl := percentiles(s.podLat[i])
+		pl := s.podLat[i].percentiles()
 		w := s.weightOf[p.id]
 		if !p.inHostSet {
 			w = 0
@@ -187,6 +193,7 @@ func (s *simulation) result() *Result {
 }
 
 // percentiles sorts a copy of xs; the nearest-rank method matches what load generators report.
+// The run's own percentiles come from latencySketch; this serves short lists.
 func percentiles(xs []float32) Percentiles {
 	if len(xs) == 0 {
 		return Percentiles{}

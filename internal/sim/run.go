@@ -70,7 +70,7 @@ type simulation struct {
 	settings *weights.Settings // nil: no controller
 	opts     Options
 
-	q       eventQueue
+	q       scheduler
 	arrRand *rand.Rand // arrivals, costs and proxy choice: identical across policies for a seed
 	lbRand  *rand.Rand // balancer choices and scenario randomness
 
@@ -78,8 +78,9 @@ type simulation struct {
 	rps         float64
 
 	pods   []*pod
-	groups [][]int32 // pod ids per group, in creation order
-	hosts  []int32   // pods in the host set, in creation order
+	groups [][]int32     // pod ids per group, in creation order
+	costs  []costSampler // per group
+	hosts  []int32       // pods in the host set, in creation order
 
 	weightOf  map[int32]int // controller weights by pod id; empty until the first write
 	balancers [][]*balancer // [proxy][worker]
@@ -88,12 +89,16 @@ type simulation struct {
 	finish    []float64 // per request id: the pod's vwork at which it completes
 	free      []int32   // recycled request ids
 	netHalf   float64
-	latencies []float32 // ms, requests sent after warm-up, in completion order
-	podLat    [][]float32
-	latencyAt []float32 // s, when each of latencies was received
-	bucketLat []float32 // ms, every response in the current timeline bucket, warm-up included
-	timeline  []TimelinePoint
-	totalSent uint64
+	latency   latencySketch   // ms, requests sent after warm-up
+	podLat    []latencySketch // the same per pod
+	bucketLat latencySketch   // ms, every response in the current timeline bucket, warm-up included
+	// Only with speed changes, for the recoveries: each warm latency (ms) and when it was
+	// received (s), in completion order.
+	keepLatencies bool
+	latencies     []float32
+	latencyAt     []float32
+	timeline      []TimelinePoint
+	totalSent     uint64
 
 	// Controller state.
 	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
@@ -135,6 +140,8 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		netHalf:  sc.Clients.NetworkLatency.Seconds() / 2,
 		weightOf: map[int32]int{},
 		pending:  map[uint32]map[int32]int{},
+		// The recoveries cut the latencies by time, which the sketches cannot.
+		keepLatencies: len(speedChanges(sc)) > 0,
 	}
 	lb := sc.Clients.LB
 	switch policy {
@@ -171,6 +178,9 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		}
 	}
 	s.groups = make([][]int32, len(sc.Pods))
+	for _, pg := range sc.Pods {
+		s.costs = append(s.costs, newCostSampler(pg.Cost))
+	}
 	for g, pg := range sc.Pods {
 		for i := 0; i < pg.Replicas; i++ {
 			s.addPod(g, 0)
@@ -201,7 +211,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 }
 
 func (s *simulation) schedule() {
-	s.q.push(s.nextArrival(0), evArrival, 0, 0)
+	s.q.setArrival(s.nextArrival(0))
 	for i, ph := range s.sc.Load.Phases {
 		s.q.push(ph.At.Seconds(), evPhase, int32(i), 0)
 	}
@@ -229,9 +239,9 @@ func (s *simulation) nextArrival(now float64) float64 {
 }
 
 func (s *simulation) loop() error {
-	for s.q.len() > 0 {
-		ev := s.q.pop()
-		if ev.t > s.end {
+	for {
+		ev, ok := s.q.pop()
+		if !ok || ev.t > s.end {
 			break
 		}
 		switch ev.kind {
@@ -295,7 +305,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	for i := range s.active {
 		s.active[i] = append(s.active[i], 0)
 	}
-	s.podLat = append(s.podLat, nil)
+	s.podLat = append(s.podLat, latencySketch{})
 	s.snapCPU = append(s.snapCPU, nil)
 	s.snapServed = append(s.snapServed, nil)
 	s.snapLatency = append(s.snapLatency, nil)
@@ -355,25 +365,39 @@ func (s *simulation) refreshBalancers() {
 	}
 }
 
-// unitQuantile is a uniform draw shared by every policy for the same request, so that policies
-// face identical work (common random numbers); each pod turns it into its own cost distribution.
-func costFor(c Cost, u float64) float64 {
-	mean := c.Mean.Seconds()
-	switch c.Dist {
-	case "constant":
-		return mean
-	case "exponential":
-		return -math.Log(1-u) * mean
-	default: // lognormal with the given mean and coefficient of variation
+// costSampler turns a uniform draw into a request's cost. The draw is shared by every policy for
+// the same request, so that policies face identical work (common random numbers); each pod group
+// turns it into its own cost distribution. The distribution's constants are worked out once.
+type costSampler struct {
+	dist      string
+	mean      float64 // seconds
+	mu, sigma float64 // lognormal: of the cost's logarithm
+}
+
+func newCostSampler(c Cost) costSampler {
+	cs := costSampler{dist: c.Dist, mean: c.Mean.Seconds()}
+	if c.Dist != "constant" && c.Dist != "exponential" { // lognormal with the given mean and CV
 		sigma2 := math.Log(1 + c.CV*c.CV)
-		mu := math.Log(mean) - sigma2/2
+		cs.mu = math.Log(cs.mean) - sigma2/2
+		cs.sigma = math.Sqrt(sigma2)
+	}
+	return cs
+}
+
+func (c *costSampler) cost(u float64) float64 {
+	switch c.dist {
+	case "constant":
+		return c.mean
+	case "exponential":
+		return -math.Log(1-u) * c.mean
+	default:
 		z := math.Sqrt2 * math.Erfinv(2*u-1)
-		return math.Exp(mu + math.Sqrt(sigma2)*z)
+		return math.Exp(c.mu + c.sigma*z)
 	}
 }
 
 func (s *simulation) onArrival(t float64) {
-	s.q.push(s.nextArrival(t), evArrival, 0, 0)
+	s.q.setArrival(s.nextArrival(t))
 	u := s.arrRand.Float64()
 	proxy := s.arrRand.Intn(len(s.balancers))
 	worker := s.arrRand.Intn(len(s.balancers[proxy]))
@@ -404,10 +428,10 @@ func (s *simulation) onArrival(t float64) {
 		s.reqs = append(s.reqs, request{})
 		s.finish = append(s.finish, 0)
 	}
-	s.reqs[id] = request{sent: t, cost: costFor(s.sc.Pods[p.group].Cost, u), proxy: int32(proxy), pod: podID}
+	s.reqs[id] = request{sent: t, cost: s.costs[p.group].cost(u), proxy: int32(proxy), pod: podID}
 	s.active[proxy][podID]++
 	s.totalSent++
-	s.q.push(t+s.netHalf, evPodArrive, id, 0)
+	s.q.pushHop(t+s.netHalf, evPodArrive, id)
 }
 
 func (s *simulation) onPodArrive(t float64, id int32) {
@@ -432,6 +456,7 @@ func (s *simulation) rewake(p *pod) {
 	if math.IsInf(w, 1) {
 		p.version++
 		p.wakeAt = -1
+		s.q.cancelWake(p.id)
 		return
 	}
 	if w == p.wakeAt && p.version != 0 {
@@ -439,7 +464,7 @@ func (s *simulation) rewake(p *pod) {
 	}
 	p.version++
 	p.wakeAt = w
-	s.q.push(w, evPodWake, p.id, p.version)
+	s.q.setWake(p.id, w, p.version)
 }
 
 func (s *simulation) onPodWake(t float64, p *pod) {
@@ -463,7 +488,7 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 		if s.prequal != nil {
 			p.recordRIFLatency(int(s.reqs[id].rif), inPod)
 		}
-		s.q.push(t+s.netHalf, evResponse, id, 0)
+		s.q.pushHop(t+s.netHalf, evResponse, id)
 	}
 	for len(p.running) < p.workers && p.qhead < len(p.queue) {
 		s.start(p, p.queue[p.qhead])
@@ -491,11 +516,14 @@ func (s *simulation) onResponse(t float64, id int32) {
 		s.orcaReport(t, int(r.proxy), r.pod)
 	}
 	ms := float32((t - r.sent) * 1000)
-	s.bucketLat = append(s.bucketLat, ms)
+	s.bucketLat.add(ms)
 	if r.sent >= s.warmup {
-		s.latencies = append(s.latencies, ms)
-		s.latencyAt = append(s.latencyAt, float32(t))
-		s.podLat[r.pod] = append(s.podLat[r.pod], ms)
+		s.latency.add(ms)
+		s.podLat[r.pod].add(ms)
+		if s.keepLatencies {
+			s.latencies = append(s.latencies, ms)
+			s.latencyAt = append(s.latencyAt, float32(t))
+		}
 	}
 	s.free = append(s.free, id)
 }
@@ -511,9 +539,8 @@ func (s *simulation) onSnapshot(t float64) {
 	}
 	s.fleetServed = append(s.fleetServed, served)
 	if int(t)%timelineBucket == 0 {
-		pc := percentiles(s.bucketLat)
-		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: pc.P50, P99: pc.P99, RPS: float64(len(s.bucketLat)) / timelineBucket})
-		s.bucketLat = s.bucketLat[:0]
+		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: s.bucketLat.quantile(0.5), P99: s.bucketLat.quantile(0.99), RPS: float64(s.bucketLat.n) / timelineBucket})
+		s.bucketLat.reset()
 	}
 	if s.warmAt == nil && t >= s.warmup {
 		s.markWarm(t)
@@ -810,7 +837,7 @@ func (s *simulation) refreshORCA(t float64) {
 func (s *simulation) sendProbes(t float64, proxy int) {
 	for i := 0; i < prequalProbes; i++ {
 		pod := s.hosts[s.lbRand.Intn(len(s.hosts))]
-		s.q.push(t+s.probeRTT, evProbe, int32(proxy), uint32(pod))
+		s.q.pushProbe(t+s.probeRTT, int32(proxy), uint32(pod))
 	}
 }
 
