@@ -17,10 +17,11 @@ const (
 )
 
 // Algorithm names a weight algorithm.
-// +kubebuilder:validation:Enum=capacity;cpu-distance
+// +kubebuilder:validation:Enum=tail;capacity;cpu-distance
 type Algorithm string
 
 const (
+	AlgorithmTail        Algorithm = "tail"
 	AlgorithmCapacity    Algorithm = "capacity"
 	AlgorithmCPUDistance Algorithm = "cpu-distance"
 )
@@ -45,7 +46,7 @@ type AdaptiveLoadBalancerSpec struct {
 
 	// Algorithm computes the weights.
 	// +optional
-	// +kubebuilder:default=capacity
+	// +kubebuilder:default=tail
 	Algorithm Algorithm `json:"algorithm,omitempty"`
 
 	// Interval between weight cycles for this Service; a multiple of the operator's cycle tick.
@@ -65,9 +66,14 @@ type AdaptiveLoadBalancerSpec struct {
 	// +kubebuilder:validation:Maximum=1000000
 	MaxWeight *int32 `json:"maxWeight,omitempty"`
 
-	// Capacity tunes the capacity algorithm.
+	// Capacity tunes the capacity algorithm, and the feedback toward the target shares that the
+	// tail algorithm shares with it.
 	// +optional
 	Capacity *CapacityParameters `json:"capacity,omitempty"`
+
+	// Tail tunes how the tail algorithm chooses its target shares.
+	// +optional
+	Tail *TailParameters `json:"tail,omitempty"`
 
 	// CPUDistance tunes the cpu-distance algorithm.
 	// +optional
@@ -131,6 +137,33 @@ type CapacityParameters struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="double(self) == 0.0 || double(self) > 1.0",message="overloadLatencyRatio must be greater than 1, or 0 to turn overload detection off"
 	OverloadLatencyRatio *Decimal `json:"overloadLatencyRatio,omitempty"`
+}
+
+// TailParameters tune the tail algorithm's split; unset fields take the operator's defaults.
+type TailParameters struct {
+	// Quantile is the latency quantile the split minimises, in (0.5, 1); default 0.99.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) > 0.5 && double(self) < 1.0",message="quantile must be in (0.5, 1)"
+	Quantile *Decimal `json:"quantile,omitempty"`
+	// MaxUtilization is the highest load planned for a pod, as a fraction of its CPU limit, in
+	// (0, 0.95]; it gives way when the whole fleet is planned above it. Default 0.85.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) > 0.0 && double(self) <= 0.95",message="maxUtilization must be in (0, 0.95]"
+	MaxUtilization *Decimal `json:"maxUtilization,omitempty"`
+	// BurstMargin multiplies the planning load (the larger of the current and the recent peak
+	// request rate); at least 1. Default 1.1.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="burstMargin must be at least 1"
+	BurstMargin *Decimal `json:"burstMargin,omitempty"`
+	// MaxShareRatio bounds a group's share to this multiple of its share of the fleet's
+	// capacity; at least 1. Default 3.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="double(self) >= 1.0",message="maxShareRatio must be at least 1"
+	MaxShareRatio *Decimal `json:"maxShareRatio,omitempty"`
+	// MinPodRate is the request rate (per second) every pod keeps so that it stays measurable.
+	// Default 1.
+	// +optional
+	MinPodRate *Decimal `json:"minPodRate,omitempty"`
 }
 
 // CPUDistanceParameters tune the cpu-distance algorithm (the published operator's).

@@ -23,7 +23,7 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		}, "minWeight must not exceed maxWeight"},
 		"interval too short": {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: 1e9} }, "interval must be between 5s and 10m"},
 		"interval too long":  {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: 20 * 60e9} }, "interval must be between 5s and 10m"},
-		"unknown algorithm":  {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Algorithm = "fastest" }, `spec.algorithm: Unsupported value: "fastest": supported values: "capacity", "cpu-distance"`},
+		"unknown algorithm":  {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Algorithm = "fastest" }, `spec.algorithm: Unsupported value: "fastest": supported values: "tail", "capacity", "cpu-distance"`},
 		"unknown mode":       {func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Mode = "Sometimes" }, `spec.mode: Unsupported value: "Sometimes"`},
 		"gain above 1": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.Capacity = &adlbv1.CapacityParameters{Gain: dec("1.5")}
@@ -65,7 +65,7 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 			MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](500), Capacity: &adlbv1.CapacityParameters{Gain: dec("0.25")}},
 	}
 	f.create(ok)
-	if ok.Spec.Mode != adlbv1.ModeActive || ok.Spec.Algorithm != adlbv1.AlgorithmCapacity || ok.Spec.Interval == nil || ok.Spec.Interval.Duration != 30e9 {
+	if ok.Spec.Mode != adlbv1.ModeActive || ok.Spec.Algorithm != adlbv1.AlgorithmTail || ok.Spec.Interval == nil || ok.Spec.Interval.Duration != 30e9 {
 		t.Fatalf("defaults: mode %q algorithm %q interval %v", ok.Spec.Mode, ok.Spec.Algorithm, ok.Spec.Interval)
 	}
 	s, err := EngineSettings(ok)

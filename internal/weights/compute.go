@@ -31,6 +31,10 @@ const (
 // settledCoverage is the window coverage from which observed shares reflect the current weights.
 const settledCoverage = 0.9
 
+// settledLoadFraction is the fraction of the recent peak request rate from which the tail
+// algorithm treats the load as settled.
+const settledLoadFraction = 0.8
+
 // Compute decides the next weights for one Service's endpoints.
 //
 // It never returns a weight below max(1, MinWeight) or above MaxWeight, never lets NaN or Inf reach
@@ -167,15 +171,21 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 	}
 	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
 	shareReason := ReasonCapacity
+	unsettledLoad := false
 	if s.Algorithm == AlgorithmTail {
 		if ts, found := tailShares(in, ok, limit, totalRate, s); found {
 			share, shareReason = ts, ReasonTail
+		} else {
+			share = targetShares(capacity, ok, planningLoad(in, totalRate, s))
 		}
+		// Shares observed while the load swings mix what Envoy does at two loads; feedback on
+		// them would tune the weights for a load that is already gone.
+		unsettledLoad = totalRate < settledLoadFraction*in.RecentPeakRequestRate
 	}
 
 	firstStep := !adapted(endpoints, ok)
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
-	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {
+	if !firstStep && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}

@@ -73,7 +73,9 @@ func newModelKey(cores, limit, meanCost, cv float64) modelKey {
 	if l > float64(c) {
 		l = float64(c)
 	}
-	period := cfsPeriodSeconds / meanCost
+	// A period below a twentieth of a request's cost, or above a thousand costs, behaves like
+	// its bound: the quota is then a plain rate limit, or never reached between two arrivals.
+	period := math.Min(1000, math.Max(0.05, cfsPeriodSeconds/meanCost))
 	// Quantise the period on a 5% log grid.
 	q := math.Exp(math.Round(math.Log(period)/math.Log(1.05)) * math.Log(1.05))
 	return modelKey{cores: c, limit: l, period: q, cv: cv}
@@ -174,6 +176,11 @@ func simulatePod(k modelKey, u float64, seed int64) []float64 {
 	const eps = 1e-9
 	for len(out) < modelSamples {
 		n := len(running)
+		if n == 0 && nextArrival > periodEnd {
+			// Idle until the next arrival: skip the periods in between, which change nothing.
+			periodEnd += math.Floor((nextArrival-periodEnd)/k.period) * k.period
+			used, throttled = 0, false
+		}
 		next := math.Min(nextArrival, periodEnd)
 		if n > 0 && !throttled {
 			minRem := math.Inf(1)

@@ -19,6 +19,10 @@ type podGroup struct {
 	loadScale float64
 }
 
+// shareTolerance is the relative excess of the predicted quantile over the optimum's within which
+// the current split is good enough.
+const shareTolerance = 0.02
+
 // groupCostSpread is the relative cost difference within which endpoints share a group.
 const groupCostSpread = 0.2
 
@@ -33,11 +37,13 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	if len(groups) == 0 || totalRate <= 0 {
 		return nil, false
 	}
-	load := math.Max(totalRate, in.RecentPeakRequestRate) * p.BurstMargin
+	load := planningLoad(in, totalRate, s)
 	var fleetCapacity float64
 	for _, g := range groups {
 		fleetCapacity += g.capacity * float64(len(g.members))
 	}
+	// The utilization cap gives way when the whole fleet is planned above it.
+	maxUtilization := math.Max(p.MaxUtilization, math.Min(maxModelUtilization, load/fleetCapacity))
 	// Bounds per group, as shares of the planning load: a floor that keeps every pod measurable,
 	// and a ceiling from the utilization cap and the distance allowed from the capacity split.
 	lo := make([]float64, len(groups))
@@ -47,7 +53,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		n := float64(len(g.members))
 		lo[gi] = math.Min(p.MinPodRate*n, 0.5*load*n/float64(countTrue(ok))) / load
 		floors += lo[gi]
-		byUtilization := p.MaxUtilization / g.loadScale * g.capacity * n / load
+		byUtilization := maxUtilization / g.loadScale * g.capacity * n / load
 		byCapacity := p.MaxShareRatio * g.capacity * n / fleetCapacity
 		hi[gi] = math.Max(lo[gi], math.Min(byUtilization, byCapacity))
 	}
@@ -114,6 +120,44 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			tLo = mid
 		}
 	}
+	// The predicted quantile is flat near its minimum, so noise moves the optimum about. Move
+	// from the split the pods get now only as far toward the optimum as it takes to come within
+	// shareTolerance of its predicted quantile: a split that is nearly as good stays put.
+	observed := make([]float64, len(groups))
+	var observedTotal float64
+	for gi, g := range groups {
+		for _, i := range g.members {
+			observed[gi] += in.Endpoints[i].RequestRate
+		}
+		observedTotal += observed[gi]
+	}
+	quantileOf := func(x []float64) float64 {
+		lo, hi := 0.0, tHi*4
+		for i := 0; i < 40 && hi-lo > 1e-4*hi; i++ {
+			mid := (lo + hi) / 2
+			var m float64
+			for gi := range groups {
+				m += tailMass(gi, x[gi], mid)
+			}
+			if m <= budget {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		return hi
+	}
+	optimum := split
+	for _, theta := range []float64{0, 0.2, 0.4, 0.6, 0.8} {
+		x := make([]float64, len(groups))
+		for gi := range groups {
+			x[gi] = observed[gi]/observedTotal + theta*(optimum[gi]-observed[gi]/observedTotal)
+		}
+		if quantileOf(x) <= tHi*(1+shareTolerance) {
+			split = x
+			break
+		}
+	}
 	shares := make([]float64, len(in.Endpoints))
 	for gi, g := range groups {
 		for _, i := range g.members {
@@ -121,6 +165,12 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		}
 	}
 	return shares, true
+}
+
+// planningLoad is the request rate the tail algorithm splits: the larger of the current and the
+// recent peak rate, times the burst margin.
+func planningLoad(in Input, totalRate float64, s Settings) float64 {
+	return math.Max(totalRate, in.RecentPeakRequestRate) * s.Tail.BurstMargin
 }
 
 // groupEndpoints groups the usable endpoints and gives each group its calibrated model.

@@ -1,0 +1,213 @@
+package weights
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// seedFleet is the published experiment's fleet at 1,500 rps under equal weights: three pods
+// costing 2.9 ms per request and nine costing 7.6 ms, all limited to 2 cores on 8-core nodes.
+func seedFleet(weight int, opts ...func(*Endpoint)) []Endpoint {
+	var eps []Endpoint
+	for i := 0; i < 3; i++ {
+		eps = append(eps, ep(fmt.Sprintf("fast-%d", i), 125*0.0029, 125, 2, weight, opts...))
+	}
+	for i := 0; i < 9; i++ {
+		eps = append(eps, ep(fmt.Sprintf("slow-%d", i), 125*0.0076, 125, 2, weight, opts...))
+	}
+	for i := range eps {
+		if eps[i].NodeCPUCores == 0 {
+			eps[i].NodeCPUCores = 8
+		}
+	}
+	return eps
+}
+
+func withoutNode(e *Endpoint) { e.NodeCPUCores = -1 }
+
+// shareOf is each endpoint's share of the total weight.
+func shareOf(d Decision, id string) float64 {
+	var total, w float64
+	for _, r := range d.Endpoints {
+		total += float64(r.Weight)
+		if r.ID == id {
+			w = float64(r.Weight)
+		}
+	}
+	return w / total
+}
+
+func TestTail_LoadsTheCheapPodsFarBeyondTheirCapacityShareAtLowLoad(t *testing.T) {
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Capacity shares: 690 rps per fast pod, 263 per slow one; the fast three hold 47% of the
+	// capacity. At 1,500 rps (a third of capacity) the slow pods' own service times set the
+	// p99, so the split sends them little.
+	fastShare := 3 * shareOf(d, "fast-0")
+	if fastShare < 0.8 {
+		t.Fatalf("fast pods get %.2f of the weight, want most of it: %v", fastShare, weightsOf(d))
+	}
+	for _, r := range d.Endpoints {
+		if r.Weight < 1 {
+			t.Fatalf("endpoint %s left without weight: %v", r.ID, weightsOf(d))
+		}
+		if r.Reason != ReasonTail && r.Reason != ReasonClampedMin {
+			t.Fatalf("endpoint %s reason %q, want %q", r.ID, r.Reason, ReasonTail)
+		}
+	}
+	if !d.Changed {
+		t.Fatal("the first split must be written")
+	}
+}
+
+func TestTail_KeepsEveryPodMeasurable(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The planned share of a slow pod is at least MinPodRate of the 1,500 rps (weights being
+	// proportional to shares on the first step, give or take rounding).
+	if got := shareOf(d, "slow-0") * 1500; got < 0.9*s.Tail.MinPodRate {
+		t.Fatalf("slow pod planned at %.2f rps, want at least %.1f", got, s.Tail.MinPodRate)
+	}
+}
+
+func TestTail_PlansForTheRecentPeak(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
+	quiet, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same window, but the Service served three times the rate a few minutes ago: the fast
+	// pods must not be loaded as if the quiet spell would last.
+	peak, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 4500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q, p := shareOf(quiet, "fast-0"), shareOf(peak, "fast-0"); p >= q {
+		t.Fatalf("fast pod's share %.3f when planning for the peak, %.3f without; want less", p, q)
+	}
+}
+
+func TestTail_WorksWithoutHistogramAndNodeSize(t *testing.T) {
+	// Neither the node's CPU count nor a histogram: the model assumes 4× the limit and its
+	// default size variability, and still prefers the cheap pods.
+	d, err := Compute(Input{Endpoints: seedFleet(100, withoutNode), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shareOf(d, "fast-0") <= shareOf(d, "slow-0") {
+		t.Fatalf("fast pod not preferred: %v", weightsOf(d))
+	}
+}
+
+func TestTail_HistogramCalibratesTheModel(t *testing.T) {
+	// Two fleets alike but for their histograms: one whose requests all finish well within 25 ms,
+	// one with a heavy tail. The heavier tail on the slow pods makes them worse to use.
+	hist := func(heavy bool) func(*Endpoint) {
+		return func(e *Endpoint) {
+			n := e.RequestRate * 60
+			tailFrac := 0.001
+			if heavy && strings.HasPrefix(e.ID, "slow") {
+				tailFrac = 0.08
+			}
+			e.LatencyBuckets = []LatencyBucket{
+				{UpperBoundSeconds: 0.005, Count: 0.5 * n},
+				{UpperBoundSeconds: 0.01, Count: 0.8 * n},
+				{UpperBoundSeconds: 0.025, Count: (1 - tailFrac) * n},
+				{UpperBoundSeconds: 0.05, Count: n},
+				{UpperBoundSeconds: math.Inf(1), Count: n},
+			}
+		}
+	}
+	light, err := Compute(Input{Endpoints: seedFleet(100, hist(false)), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	heavy, err := Compute(Input{Endpoints: seedFleet(100, hist(true)), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shareOf(heavy, "slow-0") > shareOf(light, "slow-0") {
+		t.Fatalf("slow pods with a heavy tail get share %.4f, with a light one %.4f; want no more", shareOf(heavy, "slow-0"), shareOf(light, "slow-0"))
+	}
+}
+
+func TestTail_EndpointWithoutMetricsKeepsItsWeight(t *testing.T) {
+	eps := seedFleet(0)
+	for i := range eps {
+		eps[i].CurrentWeight = 50
+	}
+	eps[0].CurrentWeight = 4000
+	eps[1].CurrentWeight = 4000
+	eps[2].CurrentWeight = 4000
+	eps[2].HasMetrics = false
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Endpoints[2]; r.Weight != 4000 || r.Reason != ReasonNoMetricsKept {
+		t.Fatalf("endpoint without metrics: weight %d reason %q, want 4000 kept", r.Weight, r.Reason)
+	}
+}
+
+func TestTail_HoldsWhileTheLoadSwings(t *testing.T) {
+	eps := seedFleet(0)
+	for i := range eps {
+		eps[i].CurrentWeight = 50
+	}
+	for i := 0; i < 3; i++ {
+		eps[i].CurrentWeight = 4000
+	}
+	// The window's rate is half the recent peak: shares seen now are no guide to the weights.
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, RecentPeakRequestRate: 3000}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed || d.Reason != ReasonWindowUnsettled {
+		t.Fatalf("changed %v reason %q, want the weights kept until the load settles", d.Changed, d.Reason)
+	}
+}
+
+func TestPodModel_TailGrowsWithLoadAndMatchesTheSizeDistributionWhenIdle(t *testing.T) {
+	m := modelFor(newModelKey(4, 1, 0.01, 1))
+	// Idle: latency is the request size, lognormal with mean 1 and CV 1; P(S > 3) ≈ 0.05.
+	if got := m.tail(3, 0.01); got < 0.03 || got > 0.07 {
+		t.Fatalf("idle P(latency > 3 mean costs) = %.3f, want about 0.05", got)
+	}
+	prev := 0.0
+	for _, u := range []float64{0.1, 0.5, 0.8, 0.95} {
+		got := m.tail(3, u)
+		if got < prev {
+			t.Fatalf("tail at load %.2f is %.4f, below %.4f at a lower load", u, got, prev)
+		}
+		prev = got
+	}
+	if got := m.tail(3, 0.99); got != 1 {
+		t.Fatalf("beyond the tabulated loads the tail is %.3f, want 1 (no finite quantile)", got)
+	}
+}
+
+func TestTailSettings_Validate(t *testing.T) {
+	for name, mutate := range map[string]func(*TailParams){
+		"tail quantile":       func(p *TailParams) { p.Quantile = 1 },
+		"tail maxUtilization": func(p *TailParams) { p.MaxUtilization = 0.99 },
+		"tail burstMargin":    func(p *TailParams) { p.BurstMargin = 0.5 },
+		"tail maxShareRatio":  func(p *TailParams) { p.MaxShareRatio = 0 },
+		"tail minPodRate":     func(p *TailParams) { p.MinPodRate = math.NaN() },
+	} {
+		s := DefaultSettings(AlgorithmTail)
+		mutate(&s.Tail)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Fatalf("%s: error %v, want one naming it", name, err)
+		}
+	}
+	if err := DefaultSettings(AlgorithmTail).Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}
