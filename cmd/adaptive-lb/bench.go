@@ -171,7 +171,7 @@ func (o *benchOptions) markdown(rows []benchRow) string {
 		engine = sim.PolicyCapacity
 	}
 	if has(o.policies, engine) && has(o.policies, sim.PolicyOracle) && has(o.policies, sim.PolicyLeastRequest) {
-		fmt.Fprintf(&b, "\n`%s` against its targets. Steady: no load phases and no pod events, where p99 ≤ 1.1× oracle and a weight CV below 5% are the targets. Weight CV: the largest coefficient of variation of a pod's weight over the second half of the run. Recovery: for each speed change, the controller intervals until the p99 of every following interval stays within 10% of the p99 of the minute before the change (\"never\" if it does not) / within 10% of the level it settles at.\n\n", engine)
+		fmt.Fprintf(&b, "\n`%s` against its targets. Steady: no load phases and no pod events, where p99 ≤ 1.1× oracle and a weight CV below 5%% are the targets. Weight CV: the largest coefficient of variation of a pod's weight over the second half of the run. Recovery: for each speed change, the controller intervals until the p99 of every following interval stays within 10%% of the p99 of the minute before the change (\"never\" if it does not) / within 10%% of the level it settles at.\n\n", engine)
 		b.WriteString("Searched oracle (steady scenarios): the best p99 of static weights ∝ capacity^α for α in 0.5–3, and its α.\n\n")
 		b.WriteString("| scenario | steady | p99 / oracle | p99 / searched oracle (α) | p99 / least_request | total CPU / least_request | weight writes | largest weight CV | settled after | recovery (intervals) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, r := range rows {

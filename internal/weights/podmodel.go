@@ -41,9 +41,12 @@ const (
 	modelTimeMin    = 0.02
 	modelTimeStep   = 1.06
 	modelTimePoints = 220
-	// modelSamples is the number of completions recorded per load; the warm-up before them is a tenth.
-	modelSamples = 30000
 )
+
+// modelSamples is the number of completions recorded per load; the warm-up before them is a
+// tenth. A variable only so that tests of properties that do not depend on the model's accuracy
+// can build tables faster.
+var modelSamples = 30000
 
 // modelKey identifies a pod shape. Fields are quantised so that measurement noise maps to the
 // same table.

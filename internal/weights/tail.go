@@ -26,6 +26,9 @@ const shareTolerance = 0.02
 // groupCostSpread is the relative cost difference within which endpoints share a group.
 const groupCostSpread = 0.2
 
+// maxGroups bounds the number of groups (and models) per Service.
+const maxGroups = 8
+
 // tailShares returns each endpoint's target share of the traffic: the split of the planning load
 // over the groups that minimises the predicted fleet latency quantile, spread evenly over each
 // group's members. ok marks the endpoints with usable metrics; others get no share. It returns
@@ -202,14 +205,22 @@ func groupEndpoints(endpoints []Endpoint, ok []bool, limit func(Endpoint) float6
 		return ms[a].cost < ms[b].cost
 	})
 	var groups []*podGroup
-	var first member
-	for k, m := range ms {
-		if k == 0 || m.limit != first.limit || m.cores != first.cores || m.cost > first.cost*(1+groupCostSpread) {
-			groups = append(groups, &podGroup{limit: m.limit, cores: m.cores})
-			first = m
+	// Widen the cost spread until the groups are few: each needs a model, and a fleet of many
+	// shapes gains little from telling them all apart.
+	for spread := groupCostSpread; ; spread *= 1.5 {
+		groups = groups[:0]
+		var first member
+		for k, m := range ms {
+			if k == 0 || m.limit != first.limit || m.cores != first.cores || m.cost > first.cost*(1+spread) {
+				groups = append(groups, &podGroup{limit: m.limit, cores: m.cores})
+				first = m
+			}
+			g := groups[len(groups)-1]
+			g.members = append(g.members, m.i)
 		}
-		g := groups[len(groups)-1]
-		g.members = append(g.members, m.i)
+		if len(groups) <= maxGroups || spread > 100 {
+			break
+		}
 	}
 	for _, g := range groups {
 		var cpu, rate float64

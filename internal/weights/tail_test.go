@@ -40,7 +40,7 @@ func shareOf(d Decision, id string) float64 {
 }
 
 func TestTail_LoadsTheCheapPodsFarBeyondTheirCapacityShareAtLowLoad(t *testing.T) {
-	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestTail_LoadsTheCheapPodsFarBeyondTheirCapacityShareAtLowLoad(t *testing.T
 		if r.Weight < 1 {
 			t.Fatalf("endpoint %s left without weight: %v", r.ID, weightsOf(d))
 		}
-		if r.Reason != ReasonTail && r.Reason != ReasonClampedMin {
+		if r.Reason != ReasonTail && r.Reason != ReasonClampedMin && r.Reason != ReasonClampedMax {
 			t.Fatalf("endpoint %s reason %q, want %q", r.ID, r.Reason, ReasonTail)
 		}
 	}
@@ -66,20 +66,20 @@ func TestTail_LoadsTheCheapPodsFarBeyondTheirCapacityShareAtLowLoad(t *testing.T
 
 func TestTail_KeepsEveryPodMeasurable(t *testing.T) {
 	s := DefaultSettings(AlgorithmTail)
-	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, s)
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The planned share of a slow pod is at least MinPodRate of the 1,500 rps (weights being
 	// proportional to shares on the first step, give or take rounding).
-	if got := shareOf(d, "slow-0") * 1500; got < 0.9*s.Tail.MinPodRate {
+	if got := shareOf(d, "slow-0") * 1500; got < 0.8*s.Tail.MinPodRate {
 		t.Fatalf("slow pod planned at %.2f rps, want at least %.1f", got, s.Tail.MinPodRate)
 	}
 }
 
 func TestTail_PlansForTheRecentPeak(t *testing.T) {
 	s := DefaultSettings(AlgorithmTail)
-	quiet, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, s)
+	quiet, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestTail_PlansForTheRecentPeak(t *testing.T) {
 func TestTail_WorksWithoutHistogramAndNodeSize(t *testing.T) {
 	// Neither the node's CPU count nor a histogram: the model assumes 4× the limit and its
 	// default size variability, and still prefers the cheap pods.
-	d, err := Compute(Input{Endpoints: seedFleet(100, withoutNode), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	d, err := Compute(Input{Endpoints: seedFleet(100, withoutNode), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,34 +107,30 @@ func TestTail_WorksWithoutHistogramAndNodeSize(t *testing.T) {
 }
 
 func TestTail_HistogramCalibratesTheModel(t *testing.T) {
-	// Two fleets alike but for their histograms: one whose requests all finish well within 25 ms,
-	// one with a heavy tail. The heavier tail on the slow pods makes them worse to use.
-	hist := func(heavy bool) func(*Endpoint) {
-		return func(e *Endpoint) {
-			n := e.RequestRate * 60
-			tailFrac := 0.001
-			if heavy && strings.HasPrefix(e.ID, "slow") {
-				tailFrac = 0.08
-			}
-			e.LatencyBuckets = []LatencyBucket{
-				{UpperBoundSeconds: 0.005, Count: 0.5 * n},
-				{UpperBoundSeconds: 0.01, Count: 0.8 * n},
-				{UpperBoundSeconds: 0.025, Count: (1 - tailFrac) * n},
-				{UpperBoundSeconds: 0.05, Count: n},
-				{UpperBoundSeconds: math.Inf(1), Count: n},
-			}
+	// Pods whose histogram is what the model predicts for a size variability: calibration must
+	// find that variability, on the load axis as measured.
+	const cost, rate = 0.0076, 125.0
+	bounds := []float64{0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	for _, cv := range []float64{0.3, 1.5} {
+		m := modelFor(newModelKey(8, 2, cost, cv))
+		u := rate * cost / 2
+		n := rate * 60
+		var buckets []LatencyBucket
+		for _, ub := range bounds {
+			buckets = append(buckets, LatencyBucket{UpperBoundSeconds: ub, Count: math.Round(n * (1 - m.tail(ub/cost, u)))})
 		}
-	}
-	light, err := Compute(Input{Endpoints: seedFleet(100, hist(false)), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
-	if err != nil {
-		t.Fatal(err)
-	}
-	heavy, err := Compute(Input{Endpoints: seedFleet(100, hist(true)), WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if shareOf(heavy, "slow-0") > shareOf(light, "slow-0") {
-		t.Fatalf("slow pods with a heavy tail get share %.4f, with a light one %.4f; want no more", shareOf(heavy, "slow-0"), shareOf(light, "slow-0"))
+		buckets = append(buckets, LatencyBucket{UpperBoundSeconds: math.Inf(1), Count: n})
+		eps := []Endpoint{
+			ep("a", rate*cost, rate, 2, 100, func(e *Endpoint) { e.NodeCPUCores, e.LatencyBuckets = 8, buckets }),
+			ep("b", rate*cost, rate, 2, 100, func(e *Endpoint) { e.NodeCPUCores, e.LatencyBuckets = 8, buckets }),
+		}
+		groups := groupEndpoints(eps, []bool{true, true}, func(e Endpoint) float64 { return e.CPULimitCores })
+		if len(groups) != 1 {
+			t.Fatalf("%d groups for two identical pods, want 1", len(groups))
+		}
+		if g := groups[0]; g.model != m || g.loadScale != 1 {
+			t.Fatalf("histogram of size CV %v: calibrated to another model (load scale %v)", cv, g.loadScale)
+		}
 	}
 }
 
@@ -210,4 +206,10 @@ func TestTailSettings_Validate(t *testing.T) {
 	if err := DefaultSettings(AlgorithmTail).Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
 	}
+}
+
+func clearModelCache() {
+	modelCacheMu.Lock()
+	clear(modelCache)
+	modelCacheMu.Unlock()
 }
