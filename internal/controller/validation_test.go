@@ -34,6 +34,12 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"not a decimal": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.Capacity = &adlbv1.CapacityParameters{DeadBand: dec("five")}
 		}, "spec.capacity.deadBand: Invalid value"},
+		"a tail quantile of 1": {func(a *adlbv1.AdaptiveLoadBalancer) {
+			a.Spec.Tail = &adlbv1.TailParameters{Quantile: dec("1")}
+		}, "quantile must be in (0.5, 1)"},
+		"a tail utilization above the model's": {func(a *adlbv1.AdaptiveLoadBalancer) {
+			a.Spec.Tail = &adlbv1.TailParameters{MaxUtilization: dec("0.99")}
+		}, "maxUtilization must be in (0, 0.95]"},
 		"k of zero": {func(a *adlbv1.AdaptiveLoadBalancer) {
 			a.Spec.CPUDistance = &adlbv1.CPUDistanceParameters{K: dec("0")}
 		}, "k must be in (0, 1]"},
@@ -62,14 +68,15 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 	ok := &adlbv1.AdaptiveLoadBalancer{
 		ObjectMeta: metav1.ObjectMeta{Name: "good", Namespace: f.ns},
 		Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"},
-			MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](500), Capacity: &adlbv1.CapacityParameters{Gain: dec("0.25")}},
+			MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](500), Capacity: &adlbv1.CapacityParameters{Gain: dec("0.25")},
+			Tail: &adlbv1.TailParameters{BurstMargin: dec("1.25"), MinPodRate: dec("2")}},
 	}
 	f.create(ok)
 	if ok.Spec.Mode != adlbv1.ModeActive || ok.Spec.Algorithm != adlbv1.AlgorithmTail || ok.Spec.Interval == nil || ok.Spec.Interval.Duration != 30e9 {
 		t.Fatalf("defaults: mode %q algorithm %q interval %v", ok.Spec.Mode, ok.Spec.Algorithm, ok.Spec.Interval)
 	}
 	s, err := EngineSettings(ok)
-	if err != nil || s.MinWeight != 5 || s.MaxWeight != 500 || s.Capacity.Gain != 0.25 {
+	if err != nil || s.MinWeight != 5 || s.MaxWeight != 500 || s.Capacity.Gain != 0.25 || s.Tail.BurstMargin != 1.25 || s.Tail.MinPodRate != 2 || s.Tail.Quantile != 0.99 {
 		t.Fatalf("engine settings %+v err %v", s, err)
 	}
 }
