@@ -21,7 +21,6 @@ const (
 	ReasonStepLimited      = "step limited"
 	ReasonCapacity         = "share from estimated capacity"
 	ReasonTail             = "share that minimises the predicted p99"
-	ReasonTailOverload     = "a pod is overloaded: share from estimated capacity"
 	ReasonNoMetricsKept    = "no metrics: weight kept"
 	ReasonUtilization      = "corrected toward target share"
 	ReasonCPUDistance      = "moved against CPU distance from mean"
@@ -186,14 +185,6 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 
 	firstStep := !adapted(endpoints, ok)
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
-	if s.Algorithm == AlgorithmTail && !firstStep && anyOverloaded(endpoints, ok, overloaded, limit) {
-		// The tail split runs the fast pods hot and its weight ratios are wide enough to
-		// override Envoy's own preference for less busy pods. When a pod is overloaded (a fast
-		// pod died, the load jumped, a node slowed down), halving is too slow: jump back to the
-		// capacity split at once, and let the tail split return on settled windows.
-		share = targetShares(capacity, ok, planningLoad(in, totalRate, s))
-		shareReason, firstStep, unsettledLoad = ReasonTailOverload, true, false
-	}
 	if !firstStep && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
 		for i, ep := range endpoints {
@@ -362,20 +353,6 @@ func overloadedEndpoints(endpoints []Endpoint, ok []bool, ratio float64) []bool 
 		flagged[i] = stretch[i] > threshold
 	}
 	return flagged
-}
-
-// saturatedCPU is the fraction of its CPU limit from which a pod counts as saturated.
-const saturatedCPU = 0.95
-
-// anyOverloaded reports whether a usable endpoint is overloaded: flagged by its latency, or
-// using (nearly) all of its CPU limit.
-func anyOverloaded(endpoints []Endpoint, ok, overloaded []bool, limit func(Endpoint) float64) bool {
-	for i, ep := range endpoints {
-		if ok[i] && (overloaded[i] || ep.CPUCores >= saturatedCPU*limit(ep)) {
-			return true
-		}
-	}
-	return false
 }
 
 // cutOverloaded halves an overloaded endpoint's weight, never below the minimum weight.

@@ -173,8 +173,16 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 // planningLoad is the request rate the tail algorithm splits: the larger of the current and the
 // recent peak rate, times the burst margin.
 func planningLoad(in Input, totalRate float64, s Settings) float64 {
+	if in.RecentPeakRequestRate <= 0 {
+		// Nothing is known about how the load varies: plan with the margin the capacity
+		// algorithm keeps for bursts between two cycles.
+		return totalRate * math.Max(s.Tail.BurstMargin, unknownPeakMargin)
+	}
 	return math.Max(totalRate, in.RecentPeakRequestRate) * s.Tail.BurstMargin
 }
+
+// unknownPeakMargin is the planning margin over the current rate when the recent peak is unknown.
+const unknownPeakMargin = 1.5
 
 // groupEndpoints groups the usable endpoints and gives each group its calibrated model.
 func groupEndpoints(endpoints []Endpoint, ok []bool, limit func(Endpoint) float64) []*podGroup {

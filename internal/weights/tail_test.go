@@ -213,3 +213,20 @@ func clearModelCache() {
 	clear(modelCache)
 	modelCacheMu.Unlock()
 }
+
+func TestTail_PlansWithAMarginWhenThePeakIsUnknown(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
+	known, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without a peak the engine cannot tell a steady load from the quiet half of a burst: it
+	// plans for 1.5× the current rate, which leaves the fast pods more headroom.
+	if k, u := shareOf(known, "fast-0"), shareOf(unknown, "fast-0"); u >= k {
+		t.Fatalf("fast pod's share %.3f with the peak unknown, %.3f with a steady peak; want less", u, k)
+	}
+}
