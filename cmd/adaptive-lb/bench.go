@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,7 +18,7 @@ import (
 )
 
 // benchPolicies are compared on every scenario of the suite.
-var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyTail, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
+var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyCPUShare, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyTail, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
 
 // Markers around the generated part of the benchmarks page.
 const (
@@ -56,38 +57,8 @@ type benchRow struct {
 	// p99-versus-oracle and weight-stability targets apply to these.
 	steady  bool
 	results map[string]*sim.Result
-	// searched is the best static weighting found around the oracle (steady scenarios only).
-	searched *oracleSearch
-}
-
-// oracleExponents are the weightings tried around the oracle: weights ∝ capacity^α. α = 1 is the
-// oracle; larger α loads fast pods beyond their capacity share, as the square-root rule does.
-var oracleExponents = []float64{0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3}
-
-type oracleSearch struct {
-	exponent float64
-	p99      float64
-}
-
-// searchOracle runs the oracle policy with weights ∝ capacity^α for each of oracleExponents and
-// returns the best p99: what perfect knowledge of the capacities with a better split could give.
-func searchOracle(sc *sim.Scenario) (*oracleSearch, error) {
-	base := sim.OracleWeights(sc)
-	var best *oracleSearch
-	for _, alpha := range oracleExponents {
-		ws := make(map[string]int, len(base))
-		for name, w := range base {
-			ws[name] = max(1, int(math.Round(1000*math.Pow(float64(w)/1000, alpha))))
-		}
-		r, err := sim.Run(sc, sim.PolicyOracle, sim.Options{StaticWeights: ws})
-		if err != nil {
-			return nil, fmt.Errorf("oracle search at exponent %v: %w", alpha, err)
-		}
-		if best == nil || r.Latency.P99 < best.p99 {
-			best = &oracleSearch{exponent: alpha, p99: r.Latency.P99}
-		}
-	}
-	return best, nil
+	// searched is the best static split found (steady scenarios only).
+	searched *sim.StaticSearch
 }
 
 func (o *benchOptions) run(stdout, stderr io.Writer) error {
@@ -117,8 +88,9 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 			row.results[r.Policy] = r
 		}
 		if row.steady && has(o.policies, sim.PolicyOracle) {
-			if row.searched, err = searchOracle(sc); err != nil {
-				return err
+			fmt.Fprintf(stderr, "bench: %s: searching static splits\n", sc.Name)
+			if row.searched, err = sim.SearchStatic(sc, sim.SearchOptions{}); err != nil {
+				return fmt.Errorf("static split search on %s: %w", sc.Name, err)
 			}
 		}
 		rows = append(rows, row)
@@ -172,8 +144,8 @@ func (o *benchOptions) markdown(rows []benchRow) string {
 	}
 	if has(o.policies, engine) && has(o.policies, sim.PolicyOracle) && has(o.policies, sim.PolicyLeastRequest) {
 		fmt.Fprintf(&b, "\n`%s` against its targets. Steady: no load phases and no pod events, where p99 ≤ 1.1× oracle and a weight CV below 5%% are the targets. Weight CV: the largest coefficient of variation of a pod's weight over the second half of the run. Recovery: for each speed change, the controller intervals until the p99 of every following interval stays within 10%% of the p99 of the minute before the change (\"never\" if it does not) / within 10%% of the level it settles at.\n\n", engine)
-		b.WriteString("Searched oracle (steady scenarios): the best p99 of static weights ∝ capacity^α for α in 0.5–3, and its α.\n\n")
-		b.WriteString("| scenario | steady | p99 / oracle | p99 / searched oracle (α) | p99 / least_request | total CPU / least_request | weight writes | largest weight CV | settled after | recovery (intervals) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		b.WriteString("Best static split (steady scenarios): the lowest p99 found by `sim.SearchStatic` (its search is in the table after this one).\n\n")
+		b.WriteString("| scenario | steady | p99 / oracle | p99 / best static split | p99 / least_request | total CPU / least_request | weight writes | largest weight CV | settled after | recovery (intervals) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, r := range rows {
 			c, or, lr := r.results[engine], r.results[sim.PolicyOracle], r.results[sim.PolicyLeastRequest]
 			steady := "no"
@@ -182,12 +154,45 @@ func (o *benchOptions) markdown(rows []benchRow) string {
 			}
 			searched := "–"
 			if r.searched != nil {
-				searched = fmt.Sprintf("%.2f (%.4g ms, α %.4g)", c.Latency.P99/r.searched.p99, r.searched.p99, r.searched.exponent)
+				searched = fmt.Sprintf("%.2f (%.1f ms)", c.Latency.P99/r.searched.P99, r.searched.P99)
 			}
 			fmt.Fprintf(&b, "| %s | %s | %.2f | %s | %.2f | %.2f | %d | %.1f%% | %.0f s | %s |\n", r.scenario, steady, c.Latency.P99/or.Latency.P99, searched, c.Latency.P99/lr.Latency.P99, c.TotalCPU/lr.TotalCPU, c.WeightWrites, 100*weightCV(c), c.SteadyAfterS, recoveryCell(c))
 		}
 	}
+	if slices.ContainsFunc(rows, func(r benchRow) bool { return r.searched != nil }) {
+		b.WriteString("\nThe search for the best static split, per steady scenario: first weights ∝ capacity^α over a sweep of α (0 is equal weights; the sweep goes on past 12 while its best is at the top and the weights still change), then coordinate descent over the weight of each group of pods of equal true capacity, from the best α. Every candidate is a full run under the scenario's seed.\n\n")
+		b.WriteString("| scenario | α swept | best α (p99) | best α at the edge | best weights per group | best p99 | groups left at weight 1 | runs |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+		for _, r := range rows {
+			if r.searched == nil {
+				continue
+			}
+			x := r.searched
+			edge := "no"
+			if x.AlphaAtEdge {
+				edge = "**yes**"
+			}
+			floor := "–"
+			if len(x.AtFloor) > 0 {
+				floor = strings.Join(x.AtFloor, ", ")
+			}
+			fmt.Fprintf(&b, "| %s | %g – %g | %g (%.1f ms) | %s | %s | %.1f ms | %s | %d |\n", r.scenario, x.AlphaFrom, x.AlphaTo, x.Alpha, x.AlphaP99, edge, groupWeights(x.Weights), x.P99, floor, x.Runs)
+		}
+	}
 	return b.String()
+}
+
+// groupWeights lists weights per pod group in name order.
+func groupWeights(ws map[string]int) string {
+	names := make([]string, 0, len(ws))
+	for n := range ws {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var cells []string
+	for _, n := range names {
+		cells = append(cells, fmt.Sprintf("%s %d", n, ws[n]))
+	}
+	return strings.Join(cells, ", ")
 }
 
 // isSteady reports whether nothing changes during a scenario.

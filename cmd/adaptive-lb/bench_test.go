@@ -27,7 +27,7 @@ func TestBench_RunsTheSuiteAndRewritesOnlyTheGeneratedBlock(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if !strings.Contains(out, "| tiny |") || !strings.Contains(out, "p99 / oracle") {
+	if !strings.Contains(out, "| tiny |") || !strings.Contains(out, "p99 / oracle") || !strings.Contains(out, "best α at the edge") {
 		t.Fatalf("output:\n%s", out)
 	}
 	got, _ := os.ReadFile(doc)

@@ -54,6 +54,10 @@ type scheduler struct {
 	probe      fifo // delay: a Prequal probe's round trip
 	wakes      wakeHeap
 	other      eventHeap
+	// fired is the pod whose wake pop handed out last, left in place for the pod to reschedule
+	// (setWake moves it, cancelWake drops it), while hasFired.
+	fired    int32
+	hasFired bool
 }
 
 func (q *scheduler) next(t float64, kind eventKind, a int32, b uint32) event {
@@ -77,11 +81,19 @@ func (q *scheduler) pushProbe(t float64, proxy int32, pod uint32) {
 
 // setWake schedules pod's next wake at t, replacing any pending one.
 func (q *scheduler) setWake(pod int32, t float64, version uint32) {
+	if q.hasFired && pod == q.fired {
+		q.hasFired = false
+	}
 	q.wakes.set(q.next(t, evPodWake, pod, version))
 }
 
 // cancelWake drops pod's pending wake, if any.
-func (q *scheduler) cancelWake(pod int32) { q.wakes.remove(pod) }
+func (q *scheduler) cancelWake(pod int32) {
+	if q.hasFired && pod == q.fired {
+		q.hasFired = false
+	}
+	q.wakes.remove(pod)
+}
 
 // push schedules any other event.
 func (q *scheduler) push(t float64, kind eventKind, a int32, b uint32) {
@@ -98,6 +110,10 @@ func (q *scheduler) pop() (event, bool) {
 		wake
 		other
 	)
+	if q.hasFired { // the woken pod did not reschedule: its wake is spent
+		q.wakes.remove(q.fired)
+		q.hasFired = false
+	}
 	src := none
 	var best *event
 	if q.hasArrival {
@@ -127,7 +143,9 @@ func (q *scheduler) pop() (event, bool) {
 	case probe:
 		q.probe.drop()
 	case wake:
-		q.wakes.remove(ev.a)
+		// Left in the heap: the pod almost always schedules its next wake at once, which then
+		// moves this entry instead of removing it and adding another.
+		q.fired, q.hasFired = ev.a, true
 	case other:
 		q.other.pop()
 	}

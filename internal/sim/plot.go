@@ -27,7 +27,33 @@ func WritePlot(path, scenario string, results []*Result) error {
 		return fmt.Errorf("nothing to plot")
 	}
 	rows := len(results)
+	width, height := 12*vg.Inch, vg.Length(rows)*3*vg.Inch
+	var c interface {
+		vg.CanvasSizer
+		vg.CanvasWriterTo
+	}
+	if ext == ".svg" {
+		c = vgsvg.New(width, height)
+	} else {
+		c = vgimg.PngCanvas{Canvas: vgimg.New(width, height)}
+	}
+	plots, canvases, err := layoutPlots(scenario, results, draw.New(c))
+	if err != nil {
+		return err
+	}
+	for i := range plots {
+		for j := range plots[i] {
+			plots[i][j].Draw(canvases[i][j])
+		}
+	}
+	return writeCanvas(path, c)
+}
+
+// layoutPlots builds one row per result, latency beside weights, and places them on dc.
+func layoutPlots(scenario string, results []*Result, dc draw.Canvas) ([][]*plot.Plot, [][]draw.Canvas, error) {
+	rows := len(results)
 	plots := make([][]*plot.Plot, rows)
+	tops := make([]float64, rows)
 	maxLat := 0.0
 	for _, r := range results {
 		for _, pt := range r.Timeline {
@@ -45,34 +71,46 @@ func WritePlot(path, scenario string, results []*Result) error {
 	for i, r := range results {
 		lat, err := latencyPlot(scenario, r, maxLat)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		lat.X.Min, lat.X.Max = 0, end
-		w, err := weightPlot(r, end)
+		w, top, err := weightPlot(r, end)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		plots[i] = []*plot.Plot{lat, w}
+		plots[i], tops[i] = []*plot.Plot{lat, w}, top
 	}
-	width, height := 12*vg.Inch, vg.Length(rows)*3*vg.Inch
-	var c interface {
-		vg.CanvasSizer
-		vg.CanvasWriterTo
-	}
-	if ext == ".svg" {
-		c = vgsvg.New(width, height)
-	} else {
-		c = vgimg.PngCanvas{Canvas: vgimg.New(width, height)}
-	}
-	dc := draw.New(c)
 	tiles := draw.Tiles{Rows: rows, Cols: 2, PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}
 	canvases := plot.Align(plots, tiles, dc)
 	for i := range plots {
-		for j := range plots[i] {
-			plots[i][j].Draw(canvases[i][j])
-		}
+		keepClearOfLegend(plots[i][0], canvases[i][0], maxLat)
+		keepClearOfLegend(plots[i][1], canvases[i][1], tops[i])
 	}
-	return writeCanvas(path, c)
+	return plots, canvases, nil
+}
+
+// keepClearOfLegend raises the y axis of a plot whose legend sits in its top corner so that the
+// highest line, at top, runs below the legend instead of under it. Only the y range changes, so
+// the layout's heights stay as aligned.
+func keepClearOfLegend(p *plot.Plot, c draw.Canvas, top float64) {
+	if top <= 0 {
+		return
+	}
+	// The legend hangs from the top of the area below the title; a millimetre more keeps the
+	// line off the text.
+	legendBottom := c.Max.Y - p.Legend.Rectangle(c).Size().Y - p.Legend.TextStyle.FontExtents().Descent
+	if p.Title.Text != "" {
+		legendBottom -= p.Title.TextStyle.Rectangle(p.Title.Text).Size().Y + p.Title.Padding
+	}
+	p.Y.Min = 0
+	// The data area's padding follows the tick labels, which follow the range: a few rounds
+	// reach the fixed point.
+	for range 4 {
+		data := p.DataCanvas(c)
+		height := data.Max.Y - data.Min.Y
+		free := max(legendBottom-vg.Millimeter-data.Min.Y, height/4)
+		p.Y.Max = top * float64(height) / float64(free)
+	}
 }
 
 func latencyPlot(scenario string, r *Result, maxLat float64) (*plot.Plot, error) {
@@ -109,15 +147,16 @@ func latencyPlot(scenario string, r *Result, maxLat float64) (*plot.Plot, error)
 	return p, nil
 }
 
-func weightPlot(r *Result, end float64) (*plot.Plot, error) {
-	p := plot.New()
+// weightPlot draws the mean weight of each pod group over time; top is the highest weight drawn.
+func weightPlot(r *Result, end float64) (p *plot.Plot, top float64, err error) {
+	p = plot.New()
 	p.X.Min, p.X.Max = 0, end
 	p.Title.Text = fmt.Sprintf("%s: weights per pod group (mean)", r.Policy)
 	p.X.Label.Text = "simulated time (s)"
 	p.Y.Label.Text = "weight"
 	if len(r.Weights) == 0 {
 		p.Title.Text = fmt.Sprintf("%s: no weights written (Envoy's own balancing)", r.Policy)
-		return p, nil
+		return p, 0, nil
 	}
 	// Pods of one group get the same weight up to noise: plot one line per group.
 	groups := map[string]plotter.XYs{}
@@ -129,7 +168,9 @@ func weightPlot(r *Result, end float64) (*plot.Plot, error) {
 			n[g]++
 		}
 		for g := range sum {
-			groups[g] = append(groups[g], plotter.XY{X: wp.TimeS, Y: sum[g] / float64(n[g])})
+			mean := sum[g] / float64(n[g])
+			groups[g] = append(groups[g], plotter.XY{X: wp.TimeS, Y: mean})
+			top = math.Max(top, mean)
 		}
 	}
 	names := make([]string, 0, len(groups))
@@ -144,7 +185,7 @@ func weightPlot(r *Result, end float64) (*plot.Plot, error) {
 		}
 		l, err := plotter.NewLine(groups[g])
 		if err != nil {
-			return nil, fmt.Errorf("weight line %s: %w", g, err)
+			return nil, 0, fmt.Errorf("weight line %s: %w", g, err)
 		}
 		l.StepStyle = plotter.PostStep
 		l.Color = plotColor(i)
@@ -154,7 +195,7 @@ func weightPlot(r *Result, end float64) (*plot.Plot, error) {
 	}
 	p.Legend.Top = true
 	p.Add(plotter.NewGrid())
-	return p, nil
+	return p, top, nil
 }
 
 func plotColor(i int) color.RGBA {

@@ -20,6 +20,9 @@ const (
 	PolicyCPUDistance  = string(weights.AlgorithmCPUDistance)
 	PolicyCapacity     = string(weights.AlgorithmCapacity)
 	PolicyTail         = string(weights.AlgorithmTail)
+	// PolicyCPUShare is the published operator's later share rule, a baseline beside
+	// PolicyCPUDistance.
+	PolicyCPUShare = string(weights.AlgorithmCPUShare)
 	// PolicyOracle writes static weights proportional to every pod's true capacity, known from
 	// the scenario, on the scenario's client balancer: what perfect knowledge of the hardware gives
 	// a weight-based approach.
@@ -27,7 +30,7 @@ const (
 )
 
 // Policies lists every policy name accepted by Run.
-var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal}
+var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal, PolicyCPUShare}
 
 // DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
 var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail}
@@ -199,6 +202,15 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		}
 		s.logWeights(0)
 	}
+	if policy == PolicyCPUDistance || policy == PolicyCPUShare {
+		// The published operator's first act is to write every endpoint at 1000; its rules then
+		// start from that, not from Envoy's default of 1.
+		for _, id := range s.hosts {
+			s.weightOf[id] = publishedStartWeight
+		}
+		s.weightWrites++
+		s.logWeights(0)
+	}
 	s.refreshBalancers()
 	if s.warmup == 0 {
 		s.markWarm(0)
@@ -311,6 +323,14 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	s.snapLatency = append(s.snapLatency, nil)
 	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
 		s.weightOf[id] = w
+	} else if s.policy == PolicyCPUShare && len(s.weightOf) > 0 {
+		var current []int
+		for _, h := range s.hosts {
+			if w, ok := s.weightOf[h]; ok {
+				current = append(current, w)
+			}
+		}
+		s.weightOf[id] = weights.CPUShareNewWeight(current, *s.settings)
 	} else if s.settings != nil && len(s.weightOf) > 0 {
 		// The mirror writes a new endpoint at once with the median weight of the pods on the
 		// same hardware (the operator reads the node's instance type; here, the pod group), or
@@ -605,6 +625,10 @@ func (s *simulation) recentPeakRate() float64 {
 
 // peakHorizon is how far back, in seconds, recentPeakRate looks.
 const peakHorizon = 600
+
+// publishedStartWeight is the weight the published operator writes for every endpoint before
+// its first cycle.
+const publishedStartWeight = 1000
 
 // minMetricsAge is how long a pod must have been scraped before its rates mean anything.
 const minMetricsAge = 15

@@ -58,6 +58,8 @@ func Compute(in Input, s Settings) (Decision, error) {
 	switch s.Algorithm {
 	case AlgorithmCPUDistance:
 		d = computeCPUDistance(endpoints, s)
+	case AlgorithmCPUShare:
+		d = computeCPUShare(endpoints, s)
 	default:
 		coverage := in.WindowCoverage
 		if coverage <= 0 || coverage > 1 || math.IsNaN(coverage) {
@@ -488,8 +490,8 @@ func applyDeadBand(endpoints []Endpoint, d *Decision, deadBand float64) {
 }
 
 // computeCPUDistance ports the published operator: alpha = (cpu - mean)/mean * k, weights move by
-// (1 - alpha) when the distance exceeds the dead band, are clamped to [min, max] and are then
-// rescaled so the median weight sits at the middle of the range.
+// (1 - alpha) when the distance exceeds the dead band, every weight is clamped to [min, max], and
+// all are then rescaled so the median weight sits at the middle of the range.
 func computeCPUDistance(endpoints []Endpoint, s Settings) Decision {
 	p := s.CPUDistance
 	n := len(endpoints)
@@ -523,6 +525,9 @@ func computeCPUDistance(endpoints []Endpoint, s Settings) Decision {
 		w[i] = float64(ep.CurrentWeight)
 		dist := (ep.CPUCores - mean) / mean
 		if math.Abs(dist) < p.DeadBand {
+			// Clamped inside the dead band too, as the published operator does: its first cycle
+			// brings the 1000 it starts every endpoint at down to the maximum.
+			w[i] = clamp(w[i], float64(s.MinWeight), float64(s.MaxWeight))
 			reasons[i] = ReasonCPUNearMean
 			continue
 		}

@@ -82,6 +82,9 @@ type CapacityParams struct {
 // DefaultSettings returns the documented defaults for an algorithm.
 func DefaultSettings(alg Algorithm) Settings {
 	switch alg {
+	case AlgorithmCPUShare:
+		// No clamp but Envoy's floor of 1: the ceiling only keeps weights far from overflow.
+		return Settings{Algorithm: AlgorithmCPUShare, MinWeight: 1, MaxWeight: 1 << 24, DefaultWeight: 1000}
 	case AlgorithmCPUDistance:
 		// As published: k = 1%, dead band 5%, weights 100..600, median rescaled to 350.
 		return Settings{
@@ -155,6 +158,7 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("defaultWeight %d must lie within [minWeight %d, maxWeight %d]", s.DefaultWeight, s.MinWeight, s.MaxWeight)
 	}
 	switch s.Algorithm {
+	case AlgorithmCPUShare: // nothing to tune
 	case AlgorithmCPUDistance:
 		p := s.CPUDistance
 		if !finite(p.K) || p.K <= 0 || p.K > 1 {

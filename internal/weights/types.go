@@ -8,8 +8,8 @@ package weights
 type Algorithm string
 
 const (
-	// AlgorithmCPUDistance is a faithful port of the published operator: nudge each weight
-	// against its CPU's distance from the fleet mean, then rescale around mid-range.
+	// AlgorithmCPUDistance ports the published operator's distance rule: nudge each weight
+	// against its CPU's distance from the fleet mean, clamp, then rescale around mid-range.
 	AlgorithmCPUDistance Algorithm = "cpu-distance"
 	// AlgorithmCapacity sets weights proportional to each endpoint's estimated capacity
 	// (CPU limit / CPU cost per request), corrected by the traffic share Envoy really delivered.
@@ -19,6 +19,10 @@ const (
 	// pod calibrated against its latency histogram, and the group shares that minimise the
 	// mix's p99 become the target shares of the capacity algorithm's feedback.
 	AlgorithmTail Algorithm = "tail"
+	// AlgorithmCPUShare ports the published operator's later rule: each weight moves toward a
+	// share of the weight sum proportional to weight / CPU. It is a baseline for the simulator
+	// and the bench, not offered by the CRD, so it is not in Algorithms.
+	AlgorithmCPUShare Algorithm = "cpu-share"
 )
 
 // Algorithms lists every known algorithm, in the order the CLI documents them.
