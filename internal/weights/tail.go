@@ -26,6 +26,9 @@ const shareTolerance = 0.02
 // groupCostSpread is the relative cost difference within which endpoints share a group.
 const groupCostSpread = 0.2
 
+// minPodShareOfMean caps a pod's floor as a fraction of the mean pod's planned rate.
+const minPodShareOfMean = 0.02
+
 // maxGroups bounds the number of groups (and models) per Service.
 const maxGroups = 8
 
@@ -54,7 +57,9 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	var floors float64
 	for gi, g := range groups {
 		n := float64(len(g.members))
-		lo[gi] = math.Min(p.MinPodRate*n, 0.5*load*n/float64(countTrue(ok))) / load
+		// A pod's floor is MinPodRate, but never more than minPodShareOfMean of the mean pod's
+		// rate: in a quiet Service a slow pod's trickle would otherwise be a large part of the load.
+		lo[gi] = math.Min(p.MinPodRate, minPodShareOfMean*load/float64(countTrue(ok))) * n / load
 		floors += lo[gi]
 		byUtilization := maxUtilization / g.loadScale * g.capacity * n / load
 		byCapacity := p.MaxShareRatio * g.capacity * n / fleetCapacity
