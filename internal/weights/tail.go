@@ -249,7 +249,7 @@ func groupEndpoints(endpoints []Endpoint, ok []bool, limit func(Endpoint) float6
 }
 
 // calibrationScales are the load-axis scales tried when fitting a group's model to its histogram.
-var calibrationScales = []float64{0.8, 1, 1.25, 1.6}
+var calibrationScales = []float64{0.5, 0.65, 0.8, 1, 1.25, 1.6}
 
 // calibrate picks the request-size variability and load-axis scale whose predicted histogram
 // best fits the members' pooled histogram (multinomial likelihood over its buckets). Without a
