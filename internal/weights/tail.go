@@ -166,13 +166,24 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			break
 		}
 	}
+	// Within a group the share follows each member's own capacity: members differ by up to
+	// groupCostSpread in cost, and the slower ones should not get as much as the faster.
 	shares := make([]float64, len(in.Endpoints))
 	for gi, g := range groups {
+		var total float64
 		for _, i := range g.members {
-			shares[i] = split[gi] / float64(len(g.members))
+			total += memberCapacity(in.Endpoints[i], limit)
+		}
+		for _, i := range g.members {
+			shares[i] = split[gi] * memberCapacity(in.Endpoints[i], limit) / total
 		}
 	}
 	return shares, true
+}
+
+// memberCapacity is an endpoint's requests per second at its CPU limit.
+func memberCapacity(ep Endpoint, limit func(Endpoint) float64) float64 {
+	return limit(ep) * ep.RequestRate / ep.CPUCores
 }
 
 // planningLoad is the request rate the tail algorithm splits: the larger of the current and the

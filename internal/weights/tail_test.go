@@ -230,3 +230,19 @@ func TestTail_PlansWithAMarginWhenThePeakIsUnknown(t *testing.T) {
 		t.Fatalf("fast pod's share %.3f with the peak unknown, %.3f with a steady peak; want less", u, k)
 	}
 }
+
+func TestTail_SplitsAGroupByEachMembersCapacity(t *testing.T) {
+	// Two pods 15% apart in cost share one group; the cheaper one must still get more.
+	eps := []Endpoint{
+		ep("a", 0.5, 50, 1, 100, func(e *Endpoint) { e.NodeCPUCores = 4 }),
+		ep("b", 0.575, 50, 1, 100, func(e *Endpoint) { e.NodeCPUCores = 4 }),
+		ep("c", 0.5, 50, 1, 100, func(e *Endpoint) { e.NodeCPUCores = 4 }),
+	}
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, RecentPeakRequestRate: 150}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := weightsOf(d); w[1] >= w[0] || w[0] != w[2] {
+		t.Fatalf("weights %v: want the costlier pod b below the equal a and c", w)
+	}
+}
