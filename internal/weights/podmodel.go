@@ -133,10 +133,22 @@ func ccdfOnGrid(lat []float64) []float64 {
 // tail returns the fraction of requests slower than t (in units of the mean cost) at load u (a
 // fraction of the CPU limit). Beyond the tabulated loads every request counts as slow.
 func (m *podModel) tail(t, u float64) float64 {
-	if u > maxModelUtilization || t <= 0 {
+	if t <= 0 {
 		return 1
 	}
-	pos := math.Log(t/modelTimeMin) / math.Log(modelTimeStep)
+	return m.tailAt(timePosition(t), u)
+}
+
+// timePosition is t's fractional index on the latency grid; tailAt takes it so that callers
+// reading many loads at one latency compute the logarithm once.
+func timePosition(t float64) float64 { return math.Log(t/modelTimeMin) / logModelTimeStep }
+
+var logModelTimeStep = math.Log(modelTimeStep)
+
+func (m *podModel) tailAt(pos, u float64) float64 {
+	if u > maxModelUtilization {
+		return 1
+	}
 	var at func(row []float64) float64
 	switch {
 	case pos <= 0:

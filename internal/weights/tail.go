@@ -72,13 +72,25 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	if floors >= 1 || ceilings < 1 {
 		return nil, false
 	}
+	// The latency grid position of t for each group, computed once per threshold.
+	posFor := make([]float64, len(groups))
+	posAt := math.NaN()
 	tailMass := func(gi int, x, t float64) float64 {
 		g := groups[gi]
 		if x <= 0 {
 			return 0
 		}
+		if t != posAt {
+			for k, h := range groups {
+				posFor[k] = timePosition(t / h.cost)
+			}
+			posAt = t
+		}
+		if t <= 0 {
+			return x
+		}
 		u := g.loadScale * x * load / float64(len(g.members)) / g.capacity
-		return x * g.model.tail(t/g.cost, u)
+		return x * g.model.tailAt(posFor[gi], u)
 	}
 	budget := 1 - p.Quantile
 	// allocate splits the load for a latency threshold t, each step adding load where it adds
@@ -86,6 +98,11 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	const steps = 400
 	allocate := func(t float64) ([]float64, float64) {
 		x := append([]float64(nil), lo...)
+		mass := make([]float64, len(groups)) // each group's mass above t at its current share
+		next := make([]float64, len(groups)) // and with one more step
+		for gi := range groups {
+			mass[gi] = tailMass(gi, x[gi], t)
+		}
 		step := (1 - floors) / steps
 		for k := 0; k < steps; k++ {
 			best, bestCost := -1, math.Inf(1)
@@ -93,8 +110,8 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 				if x[gi]+step > hi[gi]+1e-12 {
 					continue
 				}
-				c := tailMass(gi, x[gi]+step, t) - tailMass(gi, x[gi], t)
-				if c < bestCost {
+				next[gi] = tailMass(gi, x[gi]+step, t)
+				if c := next[gi] - mass[gi]; c < bestCost {
 					best, bestCost = gi, c
 				}
 			}
@@ -102,12 +119,13 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 				return x, math.Inf(1)
 			}
 			x[best] += step
+			mass[best] = next[best]
 		}
-		var mass float64
+		var total float64
 		for gi := range groups {
-			mass += tailMass(gi, x[gi], t)
+			total += tailMass(gi, x[gi], t)
 		}
-		return x, mass
+		return x, total
 	}
 	// Bisect on the threshold: the smallest t whose best split keeps the mass above t within
 	// the budget is the lowest quantile reachable, and that split reaches it.
