@@ -22,10 +22,11 @@ const (
 )
 
 // Algorithm names a weight algorithm.
-// +kubebuilder:validation:Enum=capacity;cpu-distance
+// +kubebuilder:validation:Enum=tail;capacity;cpu-distance
 type Algorithm string
 
 const (
+	AlgorithmTail        Algorithm = "tail"
 	AlgorithmCapacity    Algorithm = "capacity"
 	AlgorithmCPUDistance Algorithm = "cpu-distance"
 )
@@ -34,8 +35,8 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || !has(self.maxWeight) || self.minWeight <= self.maxWeight",message="minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"
 // A bound set alone must still fit the algorithm's default for the other one (capacity: 10..1000,
 // cpu-distance: 100..600); otherwise the engine could never run and weights would stay equal.
-// +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || has(self.maxWeight) || self.minWeight <= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 600 : 1000)",message="minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"
-// +kubebuilder:validation:XValidation:rule="!has(self.maxWeight) || has(self.minWeight) || self.maxWeight >= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 100 : 10)",message="maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"
+// +kubebuilder:validation:XValidation:rule="!has(self.minWeight) || has(self.maxWeight) || self.minWeight <= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 600 : (has(self.algorithm) && self.algorithm == 'capacity') ? 1000 : 10000)",message="minWeight exceeds the algorithm's default maxWeight (tail: 10000, capacity: 1000, cpu-distance: 600); set maxWeight too"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxWeight) || has(self.minWeight) || self.maxWeight >= ((has(self.algorithm) && self.algorithm == 'cpu-distance') ? 100 : (has(self.algorithm) && self.algorithm == 'capacity') ? 10 : 1)",message="maxWeight is below the algorithm's default minWeight (tail: 1, capacity: 10, cpu-distance: 100); set minWeight too"
 type AdaptiveLoadBalancerSpec struct {
 	// TargetRef names the Service, in the same namespace, whose endpoints get weights. It cannot
 	// change: the ServiceEntry of the old Service would otherwise outlive the change. To weight
@@ -60,7 +61,7 @@ type AdaptiveLoadBalancerSpec struct {
 
 	// Algorithm computes the weights.
 	// +optional
-	// +kubebuilder:default=capacity
+	// +kubebuilder:default=tail
 	Algorithm Algorithm `json:"algorithm,omitempty"`
 
 	// (The rule checks the format before calling duration(), which on anything else fails with a
@@ -85,9 +86,14 @@ type AdaptiveLoadBalancerSpec struct {
 	// +kubebuilder:validation:Maximum=1000000
 	MaxWeight *int32 `json:"maxWeight,omitempty"`
 
-	// Capacity tunes the capacity algorithm.
+	// Capacity tunes the capacity algorithm, and the feedback toward the target shares that the
+	// tail algorithm shares with it.
 	// +optional
 	Capacity *CapacityParameters `json:"capacity,omitempty"`
+
+	// Tail tunes how the tail algorithm chooses its target shares.
+	// +optional
+	Tail *TailParameters `json:"tail,omitempty"`
 
 	// CPUDistance tunes the cpu-distance algorithm.
 	// +optional
@@ -157,6 +163,34 @@ type CapacityParameters struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && (double(self) == 0.0 || double(self) > 1.0)",messageExpression="'overloadLatencyRatio must be a decimal greater than 1, such as 3, or 0 to turn overload detection off; got ' + self"
 	OverloadLatencyRatio *Decimal `json:"overloadLatencyRatio,omitempty"`
+}
+
+// TailParameters tune the tail algorithm's split; unset fields take the operator's defaults.
+type TailParameters struct {
+	// Quantile is the latency quantile the split minimises, in (0.5, 1); default 0.99.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) > 0.5 && double(self) < 1.0",messageExpression="'quantile must be a decimal above 0.5 and below 1, such as 0.99; got ' + self"
+	Quantile *Decimal `json:"quantile,omitempty"`
+	// MaxUtilization is the highest load planned for a pod, as a fraction of its CPU limit, in
+	// (0, 0.95]; it gives way when the whole fleet is planned above it. Default 0.85.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) > 0.0 && double(self) <= 0.95",messageExpression="'maxUtilization must be a decimal above 0 and at most 0.95, such as 0.85; got ' + self"
+	MaxUtilization *Decimal `json:"maxUtilization,omitempty"`
+	// BurstMargin multiplies the planning load (the larger of the current and the recent peak
+	// request rate); at least 1. Default 1.1.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'burstMargin must be a decimal of at least 1, such as 1.1; got ' + self"
+	BurstMargin *Decimal `json:"burstMargin,omitempty"`
+	// MaxShareRatio bounds a group's share to this multiple of its share of the fleet's
+	// capacity; at least 1. Default 3.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'maxShareRatio must be a decimal of at least 1, such as 3; got ' + self"
+	MaxShareRatio *Decimal `json:"maxShareRatio,omitempty"`
+	// MinPodRate is the request rate (per second) every pod keeps so that it stays measurable.
+	// Default 1.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$')",messageExpression="'minPodRate must be a non-negative decimal number written as a string, such as 1; got ' + self"
+	MinPodRate *Decimal `json:"minPodRate,omitempty"`
 }
 
 // CPUDistanceParameters tune the cpu-distance algorithm (the published operator's).

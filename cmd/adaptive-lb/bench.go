@@ -18,7 +18,7 @@ import (
 )
 
 // benchPolicies are compared on every scenario of the suite.
-var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyCPUShare, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
+var benchPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCPUDistance, sim.PolicyCPUShare, sim.PolicyOracle, sim.PolicyCapacity, sim.PolicyTail, sim.PolicyORCAWRR, sim.PolicyPeakEWMA, sim.PolicyPrequal}
 
 // Markers around the generated part of the benchmarks page.
 const (
@@ -162,12 +162,17 @@ func (o *benchOptions) markdown(rows []benchRow) string {
 		}
 		b.WriteString("\n")
 	}
-	if has(o.policies, sim.PolicyCapacity) && has(o.policies, sim.PolicyOracle) && has(o.policies, sim.PolicyLeastRequest) {
-		b.WriteString("\n`capacity` against its targets. Steady: no load phases and no pod events, where p99 ≤ 1.1× oracle and a weight CV below 5% are the targets. Weight CV: the largest coefficient of variation of a pod's weight over the second half of the run. Recovery: for each speed change, the controller intervals until the p99 of every following interval stays within 10% of the p99 of the minute before the change (\"never\" if it does not) / within 10% of the level it settles at.\n\n")
+	// The targets table follows the default algorithm when it ran, else capacity.
+	engine := sim.PolicyTail
+	if !has(o.policies, engine) {
+		engine = sim.PolicyCapacity
+	}
+	if has(o.policies, engine) && has(o.policies, sim.PolicyOracle) && has(o.policies, sim.PolicyLeastRequest) {
+		fmt.Fprintf(&b, "\n`%s` against its targets. Steady: no load phases and no pod events, where p99 ≤ 1.1× oracle and a weight CV below 5%% are the targets. Weight CV: the largest coefficient of variation of a pod's weight over the second half of the run. Recovery: for each speed change, the controller intervals until the p99 of every following interval stays within 10%% of the p99 of the minute before the change (\"never\" if it does not) / within 10%% of the level it settles at.\n\n", engine)
 		b.WriteString("Best static split (steady scenarios): the lowest p99 found by `sim.SearchStatic` (its search is in the table after this one).\n\n")
 		b.WriteString("| scenario | steady | p99 / oracle | p99 / best static split | p99 / least_request | total CPU / least_request | weight writes | largest weight CV | settled after | recovery (intervals) |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, r := range rows {
-			c, or, lr := r.results[sim.PolicyCapacity], r.results[sim.PolicyOracle], r.results[sim.PolicyLeastRequest]
+			c, or, lr := r.results[engine], r.results[sim.PolicyOracle], r.results[sim.PolicyLeastRequest]
 			steady := "no"
 			if r.steady {
 				steady = "yes"

@@ -479,7 +479,7 @@ func podIPs(pod *corev1.Pod) []string {
 func EqualWeight(alb *adlbv1.AdaptiveLoadBalancer) int {
 	s, err := EngineSettings(alb)
 	if err != nil {
-		s = weights.DefaultSettings(weights.AlgorithmCapacity)
+		s = weights.DefaultSettings(weights.AlgorithmTail)
 	}
 	return s.EqualWeight()
 }

@@ -11,7 +11,7 @@ import (
 // EngineSettings turns an AdaptiveLoadBalancer's spec into weight-engine settings: the
 // algorithm's documented defaults (weights.DefaultSettings), overridden field by field.
 func EngineSettings(alb *adlbv1.AdaptiveLoadBalancer) (weights.Settings, error) {
-	alg := weights.AlgorithmCapacity
+	alg := weights.AlgorithmTail
 	if alb.Spec.Algorithm != "" {
 		a, err := weights.ParseAlgorithm(string(alb.Spec.Algorithm))
 		if err != nil {
@@ -54,6 +54,23 @@ func EngineSettings(alb *adlbv1.AdaptiveLoadBalancer) (weights.Settings, error) 
 			{"spec.capacity.minRequestRate", c.MinRequestRate, &s.Capacity.MinRequestRate},
 			{"spec.capacity.planningLoadFactor", c.PlanningLoadFactor, &s.Capacity.PlanningLoadFactor},
 			{"spec.capacity.overloadLatencyRatio", c.OverloadLatencyRatio, &s.Capacity.OverloadLatencyRatio},
+		} {
+			if err := set(f.name, f.d, f.t); err != nil {
+				return weights.Settings{}, err
+			}
+		}
+	}
+	if c := alb.Spec.Tail; c != nil {
+		for _, f := range []struct {
+			name string
+			d    *adlbv1.Decimal
+			t    *float64
+		}{
+			{"spec.tail.quantile", c.Quantile, &s.Tail.Quantile},
+			{"spec.tail.maxUtilization", c.MaxUtilization, &s.Tail.MaxUtilization},
+			{"spec.tail.burstMargin", c.BurstMargin, &s.Tail.BurstMargin},
+			{"spec.tail.maxShareRatio", c.MaxShareRatio, &s.Tail.MaxShareRatio},
+			{"spec.tail.minPodRate", c.MinPodRate, &s.Tail.MinPodRate},
 		} {
 			if err := set(f.name, f.d, f.t); err != nil {
 				return weights.Settings{}, err

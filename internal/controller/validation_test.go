@@ -31,8 +31,8 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"minWeight below 1":                           {`{"minWeight":0}`, "spec.minWeight: Invalid value: 0: spec.minWeight in body should be greater than or equal to 1"},
 		"maxWeight above the limit":                   {`{"maxWeight":2000000}`, "spec.maxWeight in body should be less than or equal to 1000000"},
 		"minWeight above maxWeight":                   {`{"minWeight":500,"maxWeight":100}`, "minWeight must not exceed maxWeight: the smallest weight written must be at most the largest"},
-		"unknown algorithm":                           {`{"algorithm":"fastest"}`, `spec.algorithm: Unsupported value: "fastest": supported values: "capacity", "cpu-distance"`},
-		"unknown mode":                                {`{"mode":"Sometimes"}`, `spec.mode: Unsupported value: "Sometimes": supported values: "Active", "DryRun"`},
+		"unknown algorithm":                           {`{"algorithm":"fastest"}`, `spec.algorithm: Unsupported value: "fastest": supported values: "tail", "capacity", "cpu-distance"`},
+		"unknown mode":                                {`{"mode":"Sometimes"}`, `spec.mode: Unsupported value: "Sometimes": supported values: "Active", "DryRun", "Frozen"`},
 		"gain above 1":                                {`{"capacity":{"gain":"1.5"}}`, "spec.capacity.gain: Invalid value: \"1.5\": gain must be a decimal above 0 and at most 1, such as 0.5; got 1.5"},
 		"gain that is not a number":                   {`{"capacity":{"gain":"five"}}`, "spec.capacity.gain: Invalid value: \"five\": gain must be a decimal above 0 and at most 1, such as 0.5; got five"},
 		"negative deadBand":                           {`{"capacity":{"deadBand":"-0.1"}}`, "deadBand must be a decimal of at least 0 and below 1, such as 0.05; got -0.1"},
@@ -49,8 +49,15 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"invalid target name":                         {`{"targetRef":{"name":"Web_Server"}}`, "targetRef.name must name a Service in this namespace: lowercase letters, digits and -, starting with a letter and ending with a letter or digit; got Web_Server"},
 		"invalid exportTo":                            {`{"exportTo":["shop","Not A Namespace"]}`, "exportTo entries must be '.' (this namespace), '*' (every namespace), '~' (none) or a namespace name"},
 		"query too long":                              {`{"metrics":{"queries":{"cpu":"` + long + `"}}}`, "spec.metrics.queries.cpu: Too long: may not be more than 4096 bytes"},
-		"minWeight alone above the default maxWeight": {`{"minWeight":5000}`, "minWeight exceeds the algorithm's default maxWeight (capacity: 1000, cpu-distance: 600); set maxWeight too"},
-		"maxWeight alone below cpu-distance's default minWeight": {`{"algorithm":"cpu-distance","maxWeight":50}`, "maxWeight is below the algorithm's default minWeight (capacity: 10, cpu-distance: 100); set minWeight too"},
+		"minWeight alone above the default maxWeight": {`{"minWeight":20000}`, "minWeight exceeds the algorithm's default maxWeight (tail: 10000, capacity: 1000, cpu-distance: 600); set maxWeight too"},
+		"capacity minWeight alone above its default maxWeight":   {`{"algorithm":"capacity","minWeight":5000}`, "minWeight exceeds the algorithm's default maxWeight"},
+		"capacity maxWeight alone below its default minWeight":   {`{"algorithm":"capacity","maxWeight":5}`, "maxWeight is below the algorithm's default minWeight (tail: 1, capacity: 10, cpu-distance: 100); set minWeight too"},
+		"a tail quantile of 1":                                   {`{"tail":{"quantile":"1"}}`, "spec.tail.quantile: Invalid value: \"1\": quantile must be a decimal above 0.5 and below 1, such as 0.99; got 1"},
+		"a tail utilization above the model's":                   {`{"tail":{"maxUtilization":"0.99"}}`, "maxUtilization must be a decimal above 0 and at most 0.95, such as 0.85; got 0.99"},
+		"a tail burst margin below 1":                            {`{"tail":{"burstMargin":"0.5"}}`, "burstMargin must be a decimal of at least 1, such as 1.1; got 0.5"},
+		"a tail share ratio that is not a number":                {`{"tail":{"maxShareRatio":"lots"}}`, "maxShareRatio must be a decimal of at least 1, such as 3; got lots"},
+		"a negative tail pod rate":                               {`{"tail":{"minPodRate":"-1"}}`, "minPodRate must be a non-negative decimal number written as a string, such as 1; got -1"},
+		"maxWeight alone below cpu-distance's default minWeight": {`{"algorithm":"cpu-distance","maxWeight":50}`, "maxWeight is below the algorithm's default minWeight (tail: 1, capacity: 10, cpu-distance: 100); set minWeight too"},
 		"minWeight alone above cpu-distance's default maxWeight": {`{"algorithm":"cpu-distance","minWeight":700}`, "minWeight exceeds the algorithm's default maxWeight"},
 	}
 	for name, tc := range cases {
@@ -75,6 +82,8 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		`{"interval":"1m30s","ports":[1,80,65535],"exportTo":[".","*","~","shop-2"]}`,
 		`{"interval":"5s","capacity":{"gain":"1","deadBand":"0","overloadLatencyRatio":"0","minRequestRate":"0.5"}}`,
 		`{"interval":"10m","cpuDistance":{"k":"0.5","deadBand":"0.05"}}`,
+		`{"tail":{"quantile":"0.999","maxUtilization":"0.95","burstMargin":"1","maxShareRatio":"1","minPodRate":"0"}}`,
+		`{"minWeight":10000}`,
 	} {
 		if err := k8s.Create(f.ctx, rawALB(t, f.ns, fmt.Sprintf("allowed-%d", i), spec)); err != nil {
 			t.Errorf("allowed spec %s rejected: %v", spec, err)
@@ -86,14 +95,15 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 	ok := &adlbv1.AdaptiveLoadBalancer{
 		ObjectMeta: metav1.ObjectMeta{Name: "good", Namespace: f.ns},
 		Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"},
-			MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](500), Capacity: &adlbv1.CapacityParameters{Gain: dec("0.25")}},
+			MinWeight: ptr.To[int32](5), MaxWeight: ptr.To[int32](500), Capacity: &adlbv1.CapacityParameters{Gain: dec("0.25")},
+			Tail: &adlbv1.TailParameters{BurstMargin: dec("1.25"), MinPodRate: dec("2")}},
 	}
 	f.create(ok)
-	if ok.Spec.Mode != adlbv1.ModeActive || ok.Spec.Algorithm != adlbv1.AlgorithmCapacity || ok.Spec.Interval == nil || ok.Spec.Interval.Duration != 30e9 {
+	if ok.Spec.Mode != adlbv1.ModeActive || ok.Spec.Algorithm != adlbv1.AlgorithmTail || ok.Spec.Interval == nil || ok.Spec.Interval.Duration != 30e9 {
 		t.Fatalf("defaults: mode %q algorithm %q interval %v", ok.Spec.Mode, ok.Spec.Algorithm, ok.Spec.Interval)
 	}
 	s, err := EngineSettings(ok)
-	if err != nil || s.MinWeight != 5 || s.MaxWeight != 500 || s.Capacity.Gain != 0.25 {
+	if err != nil || s.MinWeight != 5 || s.MaxWeight != 500 || s.Capacity.Gain != 0.25 || s.Tail.BurstMargin != 1.25 || s.Tail.MinPodRate != 2 || s.Tail.Quantile != 0.99 {
 		t.Fatalf("engine settings %+v err %v", s, err)
 	}
 	// Every single bound admission accepts gives settings the engine accepts: none passes

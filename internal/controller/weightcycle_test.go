@@ -228,7 +228,7 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 	for i, ip := range lf.ips {
 		eps = append(eps, weights.Endpoint{ID: ip, CPUCores: skewedCores[i], RequestRate: equalRPS[i], CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
 	}
-	want, err := weights.Compute(weights.Input{Endpoints: eps}, weights.DefaultSettings(weights.AlgorithmCapacity))
+	want, err := weights.Compute(weights.Input{Endpoints: eps}, weights.DefaultSettings(weights.AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}

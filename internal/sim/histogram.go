@@ -1,6 +1,11 @@
 package sim
 
-import "slices"
+import (
+	"math"
+	"slices"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
 
 // istioBucketsMS are the upper bounds of Istio's istio_request_duration_milliseconds histogram
 // (its default buckets). The controller sees a pod's p99 the way the operator does: through
@@ -74,4 +79,20 @@ func (h *latencyHistogram) quantileSince(earlier *latencyHistogram, q float64) f
 		below += c
 	}
 	return istioBucketsMS[len(istioBucketsMS)-1] / 1000
+}
+
+// bucketsSince returns the observations made between an earlier snapshot and h as cumulative
+// buckets in seconds, ending with +Inf: what increase() over the bucket series gives the operator.
+func (h *latencyHistogram) bucketsSince(earlier *latencyHistogram) []weights.LatencyBucket {
+	out := make([]weights.LatencyBucket, len(h))
+	var cum uint64
+	for i := range h {
+		cum += h[i] - earlier[i]
+		bound := math.Inf(1)
+		if i < len(istioBucketsMS) {
+			bound = istioBucketsMS[i] / 1000
+		}
+		out[i] = weights.LatencyBucket{UpperBoundSeconds: bound, Count: float64(cum)}
+	}
+	return out
 }

@@ -19,6 +19,7 @@ const (
 	PolicyLeastRequest = LBLeastRequest
 	PolicyCPUDistance  = string(weights.AlgorithmCPUDistance)
 	PolicyCapacity     = string(weights.AlgorithmCapacity)
+	PolicyTail         = string(weights.AlgorithmTail)
 	// PolicyCPUShare is the published operator's later share rule, a baseline beside
 	// PolicyCPUDistance.
 	PolicyCPUShare = string(weights.AlgorithmCPUShare)
@@ -29,10 +30,10 @@ const (
 )
 
 // Policies lists every policy name accepted by Run.
-var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal, PolicyCPUShare}
+var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal, PolicyCPUShare}
 
 // DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
-var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity}
+var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail}
 
 // ValidatePolicy returns an error naming the allowed policies when name is unknown.
 func ValidatePolicy(name string) error {
@@ -107,6 +108,7 @@ type simulation struct {
 	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
 	snapServed   [][]uint64           // [pod id][second] cumulative completions
 	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
+	fleetServed  []uint64             // [second] cumulative completions of every pod
 	pending      map[uint32]map[int32]int
 	applySeq     uint32
 	weightWrites int
@@ -542,12 +544,15 @@ func (s *simulation) onResponse(t float64, id int32) {
 }
 
 func (s *simulation) onSnapshot(t float64) {
+	var served uint64
 	for _, p := range s.pods {
+		served += p.served
 		p.advance(t)
 		s.snapCPU[p.id] = append(s.snapCPU[p.id], p.cpu)
 		s.snapServed[p.id] = append(s.snapServed[p.id], p.served)
 		s.snapLatency[p.id] = append(s.snapLatency[p.id], p.latencies)
 	}
+	s.fleetServed = append(s.fleetServed, served)
 	if int(t)%timelineBucket == 0 {
 		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: s.bucketLat.quantile(0.5), P99: s.bucketLat.quantile(0.99), RPS: float64(s.bucketLat.n) / timelineBucket})
 		s.bucketLat.reset()
@@ -575,11 +580,11 @@ func (s *simulation) markWarm(t float64) {
 // windowStats returns a pod's CPU cores, completion rate and p99 in-pod latency over the
 // controller window ending at second sec, as rate() and histogram_quantile() over a TSDB's
 // samples would.
-func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64) {
+func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64, buckets []weights.LatencyBucket) {
 	cpus, served := s.snapCPU[p.id], s.snapServed[p.id]
 	last := len(cpus) - 1
 	if last < 0 {
-		return 0, 0, 0, 0
+		return 0, 0, 0, 0, nil
 	}
 	first := last - int(s.sc.Controller.Window.Seconds())
 	if first < 0 {
@@ -593,12 +598,28 @@ func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64) 
 	}
 	span = float64(last - first)
 	if span <= 0 {
-		return 0, 0, 0, 0
+		return 0, 0, 0, 0, nil
 	}
 	hist := s.snapLatency[p.id]
 	p99 = hist[last].quantileSince(&hist[first], 0.99)
-	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, p99, span
+	buckets = hist[last].bucketsSince(&hist[first])
+	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, p99, span, buckets
 }
+
+// recentPeakRate is the fleet's highest completion rate, each averaged over one controller window,
+// among the windows ending in the last peakHorizon seconds: max_over_time over the summed rate.
+func (s *simulation) recentPeakRate() float64 {
+	window := int(s.sc.Controller.Window.Seconds())
+	last := len(s.fleetServed) - 1
+	peak := 0.0
+	for end := last; end >= window && end > last-peakHorizon; end-- {
+		peak = math.Max(peak, float64(s.fleetServed[end]-s.fleetServed[end-window])/float64(window))
+	}
+	return peak
+}
+
+// peakHorizon is how far back, in seconds, recentPeakRate looks.
+const peakHorizon = 600
 
 // publishedStartWeight is the weight the published operator writes for every endpoint before
 // its first cycle.
@@ -616,7 +637,7 @@ func (s *simulation) onControl(t float64) error {
 		if len(s.snapCPU[h]) == 0 {
 			continue
 		}
-		cpu, rps, p99, span := s.windowStats(p, sec)
+		cpu, rps, p99, span, buckets := s.windowStats(p, sec)
 		cur := s.weightOf[h]
 		if len(s.weightOf) == 0 {
 			cur = 1 // unweighted: Envoy sees every endpoint at weight 1
@@ -629,6 +650,8 @@ func (s *simulation) onControl(t float64) error {
 			LatencyP99Seconds: p99,
 			HasMetrics:        span >= minMetricsAge,
 			CurrentWeight:     cur,
+			NodeCPUCores:      p.cores,
+			LatencyBuckets:    buckets,
 		})
 		ids = append(ids, h)
 	}
@@ -636,7 +659,7 @@ func (s *simulation) onControl(t float64) error {
 	if s.lastApply > 0 {
 		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage, WindowSeconds: s.sc.Controller.Window.Seconds()}, *s.settings)
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate()}, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
 	}

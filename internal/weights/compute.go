@@ -20,6 +20,8 @@ const (
 	ReasonClampedMin       = "clamped at min"
 	ReasonStepLimited      = "step limited"
 	ReasonCapacity         = "share from estimated capacity"
+	ReasonTail             = "share that minimises the predicted p99"
+	ReasonNoMetricsKept    = "no metrics: weight kept"
 	ReasonUtilization      = "corrected toward target share"
 	ReasonCPUDistance      = "moved against CPU distance from mean"
 	ReasonCPUNearMean      = "CPU within dead band of mean"
@@ -28,6 +30,10 @@ const (
 
 // settledCoverage is the window coverage from which observed shares reflect the current weights.
 const settledCoverage = 0.9
+
+// settledLoadFraction is the fraction of the recent peak request rate from which the tail
+// algorithm treats the load as settled.
+const settledLoadFraction = 0.8
 
 // Compute decides the next weights for one Service's endpoints.
 //
@@ -59,7 +65,7 @@ func Compute(in Input, s Settings) (Decision, error) {
 		if coverage <= 0 || coverage > 1 || math.IsNaN(coverage) {
 			coverage = 1
 		}
-		d = computeCapacity(endpoints, coverage, in.WindowSeconds, s)
+		d = computeCapacity(in, coverage, s)
 	}
 	return finish(endpoints, d, s), nil
 }
@@ -122,7 +128,12 @@ func equalWeights(endpoints []Endpoint, s Settings, reason string) Decision {
 // target: an integral controller whose state is the applied weight itself, which therefore
 // survives operator restarts. Feedback only runs on windows observed entirely under the current
 // weights; a mixed window would make it correct twice.
-func computeCapacity(endpoints []Endpoint, coverage, windowSeconds float64, s Settings) Decision {
+//
+// AlgorithmTail runs the same machinery with other target shares: those that minimise the
+// predicted fleet p99 (tailShares), falling back to the square-root rule when the model finds no
+// finite split. It also lets an endpoint whose metrics are missing keep its weight.
+func computeCapacity(in Input, coverage float64, s Settings) Decision {
+	endpoints, windowSeconds := in.Endpoints, in.WindowSeconds
 	p := s.Capacity
 	n := len(endpoints)
 	ok := make([]bool, n)
@@ -161,10 +172,22 @@ func computeCapacity(endpoints []Endpoint, coverage, windowSeconds float64, s Se
 		}
 	}
 	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
+	shareReason := ReasonCapacity
+	unsettledLoad := false
+	if s.Algorithm == AlgorithmTail {
+		if ts, found := tailShares(in, ok, limit, totalRate, s); found {
+			share, shareReason = ts, ReasonTail
+		} else {
+			share = targetShares(capacity, ok, planningLoad(in, totalRate, s))
+		}
+		// Shares observed while the load swings mix what Envoy does at two loads; feedback on
+		// them would tune the weights for a load that is already gone.
+		unsettledLoad = totalRate < settledLoadFraction*in.RecentPeakRequestRate
+	}
 
 	firstStep := !adapted(endpoints, ok)
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
-	if !firstStep && coverage < settledCoverage && !hasNew(endpoints, ok) {
+	if !firstStep && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
@@ -186,6 +209,12 @@ func computeCapacity(endpoints []Endpoint, coverage, windowSeconds float64, s Se
 			kept[i] = true
 			reasons[i] = ReasonQuietKept
 		}
+		// The tail split's weights span a wide range: the median would be a large jump for a
+		// pod whose metrics are only briefly missing (a scrape gap, a new pod's first minute).
+		if !ok[i] && reasons[i] == ReasonNoMetrics && ep.CurrentWeight > 0 && s.Algorithm == AlgorithmTail {
+			kept[i] = true
+			reasons[i] = ReasonNoMetricsKept
+		}
 	}
 	for i, ep := range endpoints {
 		if !ok[i] {
@@ -194,7 +223,7 @@ func computeCapacity(endpoints []Endpoint, coverage, windowSeconds float64, s Se
 		switch {
 		case firstStep:
 			logTarget[i] = math.Log(share[i])
-			reasons[i] = ReasonCapacity
+			reasons[i] = shareReason
 		case ep.CurrentWeight > 0:
 			observed := ep.RequestRate / totalRate
 			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*beyondNoise(math.Log(share[i]/observed), ep.RequestRate*windowSeconds)

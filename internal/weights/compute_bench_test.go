@@ -27,3 +27,11 @@ func BenchmarkCompute(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPodModelBuild measures building one pod shape's latency table (the tail algorithm
+// builds one per group and size variability on first sight, then reads it from the cache).
+func BenchmarkPodModelBuild(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		buildModel(newModelKey(8, 2, 0.0029, 1))
+	}
+}

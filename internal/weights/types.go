@@ -14,6 +14,11 @@ const (
 	// AlgorithmCapacity sets weights proportional to each endpoint's estimated capacity
 	// (CPU limit / CPU cost per request), corrected by the traffic share Envoy really delivered.
 	AlgorithmCapacity Algorithm = "capacity"
+	// AlgorithmTail splits traffic to minimise the predicted p99 latency of the whole fleet: pods
+	// are grouped by CPU cost per request and CPU limit, each group gets a queueing model of one
+	// pod calibrated against its latency histogram, and the group shares that minimise the
+	// mix's p99 become the target shares of the capacity algorithm's feedback.
+	AlgorithmTail Algorithm = "tail"
 	// AlgorithmCPUShare ports the published operator's later rule: each weight moves toward a
 	// share of the weight sum proportional to weight / CPU. It is a baseline for the simulator
 	// and the bench, not offered by the CRD, so it is not in Algorithms.
@@ -21,7 +26,7 @@ const (
 )
 
 // Algorithms lists every known algorithm, in the order the CLI documents them.
-var Algorithms = []Algorithm{AlgorithmCapacity, AlgorithmCPUDistance}
+var Algorithms = []Algorithm{AlgorithmTail, AlgorithmCapacity, AlgorithmCPUDistance}
 
 // Endpoint is what the engine knows about one endpoint for one cycle.
 type Endpoint struct {
@@ -41,6 +46,22 @@ type Endpoint struct {
 	HasMetrics bool
 	// CurrentWeight is the weight now applied; 0 for an endpoint that has none yet.
 	CurrentWeight int
+	// NodeCPUCores is the CPU count of the endpoint's node (its allocatable CPUs): how many of the
+	// pod's requests can run at once before the CPU limit throttles them. 0 when unknown; the
+	// tail algorithm then assumes four times the CPU limit.
+	NodeCPUCores float64
+	// LatencyBuckets is the endpoint's server-side latency histogram over the window (Istio's
+	// istio_request_duration_milliseconds_bucket, reporter="destination", increase over the
+	// window), cumulative as Prometheus stores it: Count requests completed within
+	// UpperBoundSeconds. The +Inf bucket may be included. Empty when unknown; the tail algorithm
+	// then uses its default request-size variability.
+	LatencyBuckets []LatencyBucket
+}
+
+// LatencyBucket is one cumulative histogram bucket.
+type LatencyBucket struct {
+	UpperBoundSeconds float64
+	Count             float64
 }
 
 // Input is one Service's endpoints for one cycle.
@@ -55,6 +76,12 @@ type Input struct {
 	// it the engine knows how many requests stand behind an endpoint's observed share and does
 	// not chase the share's sampling noise. 0 means unknown: no such allowance.
 	WindowSeconds float64
+	// RecentPeakRequestRate is the highest request rate of the whole Service (all endpoints
+	// together) over the recent past, each rate averaged over one window: for example
+	// max_over_time over the last 10 minutes of the summed windowed rate. The tail algorithm
+	// plans for it so that a burst does not land on pods loaded for a quiet spell. 0 means
+	// unknown: the current rate is used.
+	RecentPeakRequestRate float64
 }
 
 // Result is the engine's decision for one endpoint.

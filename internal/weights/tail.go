@@ -1,0 +1,384 @@
+package weights
+
+import (
+	"math"
+	"sort"
+)
+
+// podGroup is a set of endpoints alike enough to share one latency model: the same CPU limit and
+// node size, and CPU costs per request within groupCostSpread of the group's cheapest.
+type podGroup struct {
+	members  []int
+	cost     float64 // CPU-seconds per request, rate-weighted over the members
+	limit    float64 // cores
+	cores    float64
+	capacity float64 // requests per second one member serves at its CPU limit
+	model    *podModel
+	// loadScale calibrates the model's load axis: the model is read at loadScale × the load
+	// the members would see, as fitted to their histogram.
+	loadScale float64
+}
+
+// shareTolerance is the relative excess of the predicted quantile over the optimum's within which
+// the current split is good enough.
+const shareTolerance = 0.02
+
+// groupCostSpread is the relative cost difference within which endpoints share a group.
+const groupCostSpread = 0.2
+
+// minPodShareOfMean caps a pod's floor as a fraction of the mean pod's planned rate.
+const minPodShareOfMean = 0.02
+
+// maxGroups bounds the number of groups (and models) per Service.
+const maxGroups = 8
+
+// tailShares returns each endpoint's target share of the traffic: the split of the planning load
+// over the groups that minimises the predicted fleet latency quantile, spread evenly over each
+// group's members. ok marks the endpoints with usable metrics; others get no share. It returns
+// false when no split keeps the quantile finite (the fleet is near or beyond its capacity); the
+// caller then keeps the capacity split.
+func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) ([]float64, bool) {
+	p := s.Tail
+	groups := groupEndpoints(in.Endpoints, ok, limit)
+	if len(groups) == 0 || totalRate <= 0 {
+		return nil, false
+	}
+	load := planningLoad(in, totalRate, s)
+	var fleetCapacity float64
+	for _, g := range groups {
+		fleetCapacity += g.capacity * float64(len(g.members))
+	}
+	// The utilization cap gives way when the whole fleet is planned above it.
+	maxUtilization := math.Max(p.MaxUtilization, math.Min(maxModelUtilization, load/fleetCapacity))
+	// Bounds per group, as shares of the planning load: a floor that keeps every pod measurable,
+	// and a ceiling from the utilization cap and the distance allowed from the capacity split.
+	lo := make([]float64, len(groups))
+	hi := make([]float64, len(groups))
+	var floors float64
+	for gi, g := range groups {
+		n := float64(len(g.members))
+		// A pod's floor is MinPodRate, but never more than minPodShareOfMean of the mean pod's
+		// rate: in a quiet Service a slow pod's trickle would otherwise be a large part of the load.
+		lo[gi] = math.Min(p.MinPodRate, minPodShareOfMean*load/float64(countTrue(ok))) * n / load
+		floors += lo[gi]
+		byUtilization := maxUtilization / g.loadScale * g.capacity * n / load
+		byCapacity := p.MaxShareRatio * g.capacity * n / fleetCapacity
+		hi[gi] = math.Max(lo[gi], math.Min(byUtilization, byCapacity))
+	}
+	var ceilings float64
+	for gi := range groups {
+		ceilings += hi[gi]
+	}
+	if floors >= 1 || ceilings < 1 {
+		return nil, false
+	}
+	// The latency grid position of t for each group, computed once per threshold.
+	posFor := make([]float64, len(groups))
+	posAt := math.NaN()
+	tailMass := func(gi int, x, t float64) float64 {
+		g := groups[gi]
+		if x <= 0 {
+			return 0
+		}
+		if t != posAt {
+			for k, h := range groups {
+				posFor[k] = timePosition(t / h.cost)
+			}
+			posAt = t
+		}
+		if t <= 0 {
+			return x
+		}
+		u := g.loadScale * x * load / float64(len(g.members)) / g.capacity
+		return x * g.model.tailAt(posFor[gi], u)
+	}
+	budget := 1 - p.Quantile
+	// allocate splits the load for a latency threshold t, each step adding load where it adds
+	// the least mass above t, and returns the split and its mass above t.
+	const steps = 400
+	allocate := func(t float64) ([]float64, float64) {
+		x := append([]float64(nil), lo...)
+		mass := make([]float64, len(groups)) // each group's mass above t at its current share
+		next := make([]float64, len(groups)) // and with one more step
+		for gi := range groups {
+			mass[gi] = tailMass(gi, x[gi], t)
+		}
+		step := (1 - floors) / steps
+		for k := 0; k < steps; k++ {
+			best, bestCost := -1, math.Inf(1)
+			for gi := range groups {
+				if x[gi]+step > hi[gi]+1e-12 {
+					continue
+				}
+				next[gi] = tailMass(gi, x[gi]+step, t)
+				if c := next[gi] - mass[gi]; c < bestCost {
+					best, bestCost = gi, c
+				}
+			}
+			if best < 0 {
+				return x, math.Inf(1)
+			}
+			x[best] += step
+			mass[best] = next[best]
+		}
+		var total float64
+		for gi := range groups {
+			total += tailMass(gi, x[gi], t)
+		}
+		return x, total
+	}
+	// Bisect on the threshold: the smallest t whose best split keeps the mass above t within
+	// the budget is the lowest quantile reachable, and that split reaches it.
+	var maxCost float64
+	for _, g := range groups {
+		maxCost = math.Max(maxCost, g.cost)
+	}
+	tLo, tHi := 0.0, maxCost*modelTime(modelTimePoints-1)
+	split, mass := allocate(tHi)
+	if mass > budget {
+		return nil, false
+	}
+	for i := 0; i < 40 && tHi-tLo > 1e-4*tHi; i++ {
+		mid := (tLo + tHi) / 2
+		if x, m := allocate(mid); m <= budget {
+			tHi, split = mid, x
+		} else {
+			tLo = mid
+		}
+	}
+	// The predicted quantile is flat near its minimum, so noise moves the optimum about. Move
+	// from the split the pods get now only as far toward the optimum as it takes to come within
+	// shareTolerance of its predicted quantile: a split that is nearly as good stays put.
+	observed := make([]float64, len(groups))
+	var observedTotal float64
+	for gi, g := range groups {
+		for _, i := range g.members {
+			observed[gi] += in.Endpoints[i].RequestRate
+		}
+		observedTotal += observed[gi]
+	}
+	quantileOf := func(x []float64) float64 {
+		lo, hi := 0.0, tHi*4
+		for i := 0; i < 40 && hi-lo > 1e-4*hi; i++ {
+			mid := (lo + hi) / 2
+			var m float64
+			for gi := range groups {
+				m += tailMass(gi, x[gi], mid)
+			}
+			if m <= budget {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		return hi
+	}
+	optimum := split
+	for _, theta := range []float64{0, 0.2, 0.4, 0.6, 0.8} {
+		x := make([]float64, len(groups))
+		for gi := range groups {
+			x[gi] = observed[gi]/observedTotal + theta*(optimum[gi]-observed[gi]/observedTotal)
+		}
+		if quantileOf(x) <= tHi*(1+shareTolerance) {
+			split = x
+			break
+		}
+	}
+	// Within a group the share follows each member's own capacity: members differ by up to
+	// groupCostSpread in cost, and the slower ones should not get as much as the faster.
+	shares := make([]float64, len(in.Endpoints))
+	for gi, g := range groups {
+		var total float64
+		for _, i := range g.members {
+			total += memberCapacity(in.Endpoints[i], limit)
+		}
+		for _, i := range g.members {
+			shares[i] = split[gi] * memberCapacity(in.Endpoints[i], limit) / total
+		}
+	}
+	return shares, true
+}
+
+// memberCapacity is an endpoint's requests per second at its CPU limit.
+func memberCapacity(ep Endpoint, limit func(Endpoint) float64) float64 {
+	return limit(ep) * ep.RequestRate / ep.CPUCores
+}
+
+// planningLoad is the request rate the tail algorithm splits: the larger of the current and the
+// recent peak rate, times the burst margin.
+func planningLoad(in Input, totalRate float64, s Settings) float64 {
+	if in.RecentPeakRequestRate <= 0 {
+		// Nothing is known about how the load varies: plan with the margin the capacity
+		// algorithm keeps for bursts between two cycles.
+		return totalRate * math.Max(s.Tail.BurstMargin, unknownPeakMargin)
+	}
+	return math.Max(totalRate, in.RecentPeakRequestRate) * s.Tail.BurstMargin
+}
+
+// unknownPeakMargin is the planning margin over the current rate when the recent peak is unknown.
+const unknownPeakMargin = 1.5
+
+// groupEndpoints groups the usable endpoints and gives each group its calibrated model.
+func groupEndpoints(endpoints []Endpoint, ok []bool, limit func(Endpoint) float64) []*podGroup {
+	type member struct {
+		i           int
+		cost, limit float64
+		cores       float64
+	}
+	var ms []member
+	for i, ep := range endpoints {
+		if !ok[i] {
+			continue
+		}
+		l := limit(ep)
+		cores := ep.NodeCPUCores
+		if !(cores > 0) || !finite(cores) {
+			cores = math.Max(2, 4*l)
+		}
+		ms = append(ms, member{i: i, cost: ep.CPUCores / ep.RequestRate, limit: math.Min(l, cores), cores: cores})
+	}
+	sort.SliceStable(ms, func(a, b int) bool {
+		if ms[a].limit != ms[b].limit {
+			return ms[a].limit < ms[b].limit
+		}
+		if ms[a].cores != ms[b].cores {
+			return ms[a].cores < ms[b].cores
+		}
+		return ms[a].cost < ms[b].cost
+	})
+	var groups []*podGroup
+	// Widen the cost spread until the groups are few: each needs a model, and a fleet of many
+	// shapes gains little from telling them all apart.
+	for spread := groupCostSpread; ; spread *= 1.5 {
+		groups = groups[:0]
+		var first member
+		for k, m := range ms {
+			if k == 0 || m.limit != first.limit || m.cores != first.cores || m.cost > first.cost*(1+spread) {
+				groups = append(groups, &podGroup{limit: m.limit, cores: m.cores})
+				first = m
+			}
+			g := groups[len(groups)-1]
+			g.members = append(g.members, m.i)
+		}
+		if len(groups) <= maxGroups || spread > 100 {
+			break
+		}
+	}
+	for _, g := range groups {
+		var cpu, rate float64
+		for _, i := range g.members {
+			cpu += endpoints[i].CPUCores
+			rate += endpoints[i].RequestRate
+		}
+		g.cost = cpu / rate
+		g.capacity = g.limit / g.cost
+		g.calibrate(endpoints, rate/float64(len(g.members)))
+	}
+	return groups
+}
+
+// calibrationScales are the load-axis scales tried when fitting a group's model to its histogram.
+var calibrationScales = []float64{0.5, 0.65, 0.8, 1, 1.25, 1.6}
+
+// calibrate picks the request-size variability and load-axis scale whose predicted histogram
+// best fits the members' pooled histogram (multinomial likelihood over its buckets). Without a
+// histogram the defaults stand: variability defaultModelCV and scale 1.
+func (g *podGroup) calibrate(endpoints []Endpoint, perPodRate float64) {
+	g.loadScale = 1
+	g.model = modelFor(newModelKey(g.cores, g.limit, g.cost, defaultModelCV))
+	bounds, counts := pooledHistogram(endpoints, g.members)
+	var total float64
+	for _, c := range counts {
+		total += c
+	}
+	if total < 50 {
+		return
+	}
+	u := perPodRate / g.capacity
+	best := math.Inf(-1)
+	for _, cv := range modelCVs {
+		m := modelFor(newModelKey(g.cores, g.limit, g.cost, cv))
+		for _, scale := range calibrationScales {
+			if u*scale > maxModelUtilization {
+				continue
+			}
+			var ll float64
+			prevTail := 1.0
+			for b, ub := range bounds {
+				tail := 0.0
+				if !math.IsInf(ub, 1) {
+					tail = m.tail(ub/g.cost, u*scale)
+				}
+				prob := math.Max(prevTail-tail, 1e-6)
+				ll += counts[b] * math.Log(prob)
+				prevTail = tail
+			}
+			// Prefer the uncalibrated axis on ties: a scale must earn its place.
+			if scale != 1 {
+				ll -= 2
+			}
+			if ll > best {
+				best, g.model, g.loadScale = ll, m, scale
+			}
+		}
+	}
+}
+
+// pooledHistogram adds the members' cumulative histograms and returns per-bucket (not
+// cumulative) counts by upper bound, ending with +Inf. Members whose bounds differ from the first
+// member's are left out.
+func pooledHistogram(endpoints []Endpoint, members []int) ([]float64, []float64) {
+	var bounds, cum []float64
+	for _, i := range members {
+		bs := endpoints[i].LatencyBuckets
+		if len(bs) == 0 {
+			continue
+		}
+		if bounds == nil {
+			for _, b := range bs {
+				bounds = append(bounds, b.UpperBoundSeconds)
+			}
+			cum = make([]float64, len(bs))
+		}
+		if len(bs) != len(bounds) {
+			continue
+		}
+		same := true
+		for k, b := range bs {
+			if b.UpperBoundSeconds != bounds[k] || !finite(b.Count) || b.Count < 0 {
+				same = false
+				break
+			}
+		}
+		if !same {
+			continue
+		}
+		for k, b := range bs {
+			cum[k] += b.Count
+		}
+	}
+	if bounds == nil {
+		return nil, nil
+	}
+	if !math.IsInf(bounds[len(bounds)-1], 1) {
+		bounds = append(bounds, math.Inf(1))
+		cum = append(cum, cum[len(cum)-1])
+	}
+	counts := make([]float64, len(cum))
+	prev := 0.0
+	for k, c := range cum {
+		counts[k] = math.Max(0, c-prev)
+		prev = math.Max(prev, c)
+	}
+	return bounds, counts
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}

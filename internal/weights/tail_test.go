@@ -1,0 +1,248 @@
+package weights
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// seedFleet is the published experiment's fleet at 1,500 rps under equal weights: three pods
+// costing 2.9 ms per request and nine costing 7.6 ms, all limited to 2 cores on 8-core nodes.
+func seedFleet(weight int, opts ...func(*Endpoint)) []Endpoint {
+	var eps []Endpoint
+	for i := 0; i < 3; i++ {
+		eps = append(eps, ep(fmt.Sprintf("fast-%d", i), 125*0.0029, 125, 2, weight, opts...))
+	}
+	for i := 0; i < 9; i++ {
+		eps = append(eps, ep(fmt.Sprintf("slow-%d", i), 125*0.0076, 125, 2, weight, opts...))
+	}
+	for i := range eps {
+		if eps[i].NodeCPUCores == 0 {
+			eps[i].NodeCPUCores = 8
+		}
+	}
+	return eps
+}
+
+func withoutNode(e *Endpoint) { e.NodeCPUCores = -1 }
+
+// shareOf is each endpoint's share of the total weight.
+func shareOf(d Decision, id string) float64 {
+	var total, w float64
+	for _, r := range d.Endpoints {
+		total += float64(r.Weight)
+		if r.ID == id {
+			w = float64(r.Weight)
+		}
+	}
+	return w / total
+}
+
+func TestTail_LoadsTheCheapPodsFarBeyondTheirCapacityShareAtLowLoad(t *testing.T) {
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Capacity shares: 690 rps per fast pod, 263 per slow one; the fast three hold 47% of the
+	// capacity. At 1,500 rps (a third of capacity) the slow pods' own service times set the
+	// p99, so the split sends them little.
+	fastShare := 3 * shareOf(d, "fast-0")
+	if fastShare < 0.8 {
+		t.Fatalf("fast pods get %.2f of the weight, want most of it: %v", fastShare, weightsOf(d))
+	}
+	for _, r := range d.Endpoints {
+		if r.Weight < 1 {
+			t.Fatalf("endpoint %s left without weight: %v", r.ID, weightsOf(d))
+		}
+		if r.Reason != ReasonTail && r.Reason != ReasonClampedMin && r.Reason != ReasonClampedMax {
+			t.Fatalf("endpoint %s reason %q, want %q", r.ID, r.Reason, ReasonTail)
+		}
+	}
+	if !d.Changed {
+		t.Fatal("the first split must be written")
+	}
+}
+
+func TestTail_KeepsEveryPodMeasurable(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The planned share of a slow pod is at least MinPodRate of the 1,500 rps (weights being
+	// proportional to shares on the first step, give or take rounding).
+	if got := shareOf(d, "slow-0") * 1500; got < 0.8*s.Tail.MinPodRate {
+		t.Fatalf("slow pod planned at %.2f rps, want at least %.1f", got, s.Tail.MinPodRate)
+	}
+}
+
+func TestTail_PlansForTheRecentPeak(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
+	quiet, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same window, but the Service served three times the rate a few minutes ago: the fast
+	// pods must not be loaded as if the quiet spell would last.
+	peak, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 4500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q, p := shareOf(quiet, "fast-0"), shareOf(peak, "fast-0"); p >= q {
+		t.Fatalf("fast pod's share %.3f when planning for the peak, %.3f without; want less", p, q)
+	}
+}
+
+func TestTail_WorksWithoutHistogramAndNodeSize(t *testing.T) {
+	// Neither the node's CPU count nor a histogram: the model assumes 4× the limit and its
+	// default size variability, and still prefers the cheap pods.
+	d, err := Compute(Input{Endpoints: seedFleet(100, withoutNode), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shareOf(d, "fast-0") <= shareOf(d, "slow-0") {
+		t.Fatalf("fast pod not preferred: %v", weightsOf(d))
+	}
+}
+
+func TestTail_HistogramCalibratesTheModel(t *testing.T) {
+	// Pods whose histogram is what the model predicts for a size variability: calibration must
+	// find that variability, on the load axis as measured.
+	const cost, rate = 0.0076, 125.0
+	bounds := []float64{0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	for _, cv := range []float64{0.3, 1.5} {
+		m := modelFor(newModelKey(8, 2, cost, cv))
+		u := rate * cost / 2
+		n := rate * 60
+		var buckets []LatencyBucket
+		for _, ub := range bounds {
+			buckets = append(buckets, LatencyBucket{UpperBoundSeconds: ub, Count: math.Round(n * (1 - m.tail(ub/cost, u)))})
+		}
+		buckets = append(buckets, LatencyBucket{UpperBoundSeconds: math.Inf(1), Count: n})
+		eps := []Endpoint{
+			ep("a", rate*cost, rate, 2, 100, func(e *Endpoint) { e.NodeCPUCores, e.LatencyBuckets = 8, buckets }),
+			ep("b", rate*cost, rate, 2, 100, func(e *Endpoint) { e.NodeCPUCores, e.LatencyBuckets = 8, buckets }),
+		}
+		groups := groupEndpoints(eps, []bool{true, true}, func(e Endpoint) float64 { return e.CPULimitCores })
+		if len(groups) != 1 {
+			t.Fatalf("%d groups for two identical pods, want 1", len(groups))
+		}
+		if g := groups[0]; g.model != m || g.loadScale != 1 {
+			t.Fatalf("histogram of size CV %v: calibrated to another model (load scale %v)", cv, g.loadScale)
+		}
+	}
+}
+
+func TestTail_EndpointWithoutMetricsKeepsItsWeight(t *testing.T) {
+	eps := seedFleet(0)
+	for i := range eps {
+		eps[i].CurrentWeight = 50
+	}
+	eps[0].CurrentWeight = 4000
+	eps[1].CurrentWeight = 4000
+	eps[2].CurrentWeight = 4000
+	eps[2].HasMetrics = false
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := d.Endpoints[2]; r.Weight != 4000 || r.Reason != ReasonNoMetricsKept {
+		t.Fatalf("endpoint without metrics: weight %d reason %q, want 4000 kept", r.Weight, r.Reason)
+	}
+}
+
+func TestTail_HoldsWhileTheLoadSwings(t *testing.T) {
+	eps := seedFleet(0)
+	for i := range eps {
+		eps[i].CurrentWeight = 50
+	}
+	for i := 0; i < 3; i++ {
+		eps[i].CurrentWeight = 4000
+	}
+	// The window's rate is half the recent peak: shares seen now are no guide to the weights.
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, RecentPeakRequestRate: 3000}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed || d.Reason != ReasonWindowUnsettled {
+		t.Fatalf("changed %v reason %q, want the weights kept until the load settles", d.Changed, d.Reason)
+	}
+}
+
+func TestPodModel_TailGrowsWithLoadAndMatchesTheSizeDistributionWhenIdle(t *testing.T) {
+	m := modelFor(newModelKey(4, 1, 0.01, 1))
+	// Idle: latency is the request size, lognormal with mean 1 and CV 1; P(S > 3) ≈ 0.05.
+	if got := m.tail(3, 0.01); got < 0.03 || got > 0.07 {
+		t.Fatalf("idle P(latency > 3 mean costs) = %.3f, want about 0.05", got)
+	}
+	prev := 0.0
+	for _, u := range []float64{0.1, 0.5, 0.8, 0.95} {
+		got := m.tail(3, u)
+		if got < prev {
+			t.Fatalf("tail at load %.2f is %.4f, below %.4f at a lower load", u, got, prev)
+		}
+		prev = got
+	}
+	if got := m.tail(3, 0.99); got != 1 {
+		t.Fatalf("beyond the tabulated loads the tail is %.3f, want 1 (no finite quantile)", got)
+	}
+}
+
+func TestTailSettings_Validate(t *testing.T) {
+	for name, mutate := range map[string]func(*TailParams){
+		"tail quantile":       func(p *TailParams) { p.Quantile = 1 },
+		"tail maxUtilization": func(p *TailParams) { p.MaxUtilization = 0.99 },
+		"tail burstMargin":    func(p *TailParams) { p.BurstMargin = 0.5 },
+		"tail maxShareRatio":  func(p *TailParams) { p.MaxShareRatio = 0 },
+		"tail minPodRate":     func(p *TailParams) { p.MinPodRate = math.NaN() },
+	} {
+		s := DefaultSettings(AlgorithmTail)
+		mutate(&s.Tail)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Fatalf("%s: error %v, want one naming it", name, err)
+		}
+	}
+	if err := DefaultSettings(AlgorithmTail).Validate(); err != nil {
+		t.Fatalf("defaults invalid: %v", err)
+	}
+}
+
+func clearModelCache() {
+	modelCacheMu.Lock()
+	clear(modelCache)
+	modelCacheMu.Unlock()
+}
+
+func TestTail_PlansWithAMarginWhenThePeakIsUnknown(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
+	known, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without a peak the engine cannot tell a steady load from the quiet half of a burst: it
+	// plans for 1.5× the current rate, which leaves the fast pods more headroom.
+	if k, u := shareOf(known, "fast-0"), shareOf(unknown, "fast-0"); u >= k {
+		t.Fatalf("fast pod's share %.3f with the peak unknown, %.3f with a steady peak; want less", u, k)
+	}
+}
+
+func TestTail_SplitsAGroupByEachMembersCapacity(t *testing.T) {
+	// Two pods 15% apart in cost share one group; the cheaper one must still get more.
+	eps := []Endpoint{
+		ep("a", 0.5, 50, 1, 100, func(e *Endpoint) { e.NodeCPUCores = 4 }),
+		ep("b", 0.575, 50, 1, 100, func(e *Endpoint) { e.NodeCPUCores = 4 }),
+		ep("c", 0.5, 50, 1, 100, func(e *Endpoint) { e.NodeCPUCores = 4 }),
+	}
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, RecentPeakRequestRate: 150}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := weightsOf(d); w[1] >= w[0] || w[0] != w[2] {
+		t.Fatalf("weights %v: want the costlier pod b below the equal a and c", w)
+	}
+}
