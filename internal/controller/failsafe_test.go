@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -176,8 +177,15 @@ func TestMirror_ForegroundDeletionDoesNotRecreateTheServiceEntry(t *testing.T) {
 	}
 
 	// The collector's last step: remove its finalizer; the object goes.
-	marked.Finalizers = nil
-	if err := k8s.Update(f.ctx, marked); err != nil {
+	// The operator may have written the status meanwhile: retry on a conflict, as the collector does.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(marked), marked); err != nil {
+			return err
+		}
+		marked.Finalizers = nil
+		return k8s.Update(f.ctx, marked)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	f.eventually("AdaptiveLoadBalancer gone", func() error {

@@ -29,11 +29,17 @@ type Membership struct {
 // the longest interval (10 min).
 const membershipRetention = 30 * time.Minute
 
+// membershipSettle is how long after a ServiceEntry's first record joining endpoints still
+// count as there from the start: long enough for the caches of a new AdaptiveLoadBalancer's
+// first reconciles to agree, far shorter than the shortest metrics window (10 s).
+const membershipSettle = 5 * time.Second
+
 type span struct{ from, to time.Time }
 
 type memberLog struct {
-	in  map[string]time.Time // endpoint → since when (zero: since before the records)
-	out map[string][]span    // endpoint → past spans in the ServiceEntry
+	created time.Time            // the first record of this ServiceEntry
+	in      map[string]time.Time // endpoint → since when (zero: since before the records)
+	out     map[string][]span    // endpoint → past spans in the ServiceEntry
 	// weight is each endpoint's weight in the last ServiceEntry that listed it, with its pod;
 	// it outlives the endpoint's removal by membershipRetention.
 	weight map[string]podWeight
@@ -76,14 +82,14 @@ func (m *Membership) Observe(key types.NamespacedName, eps []MemberEndpoint) {
 	now := m.clock.Now()
 	log, known := m.byKey[key]
 	if !known {
-		log = &memberLog{in: map[string]time.Time{}, out: map[string][]span{}, weight: map[string]podWeight{}}
+		log = &memberLog{created: now, in: map[string]time.Time{}, out: map[string][]span{}, weight: map[string]podWeight{}}
 		m.byKey[key] = log
 	}
-	// Endpoints that join a ServiceEntry that listed none (the first reconcile of a new
-	// AdaptiveLoadBalancer can run before the EndpointSlice cache has caught up, or every pod was
-	// out at once) all join together: none of them served less than the others, so none is
-	// stamped as a newcomer.
-	fromEmpty := len(log.in) == 0
+	// Endpoints that join a ServiceEntry that listed none (every pod was out at once), or in the
+	// first moments of its record (the first reconciles of a new AdaptiveLoadBalancer can run
+	// while the Pod and EndpointSlice caches still catch up with each other), all join together:
+	// none of them served less than the others, so none is stamped as a newcomer.
+	fromEmpty := len(log.in) == 0 || now.Sub(log.created) < membershipSettle
 	current := make(map[string]bool, len(eps))
 	for _, e := range eps {
 		ip := e.IP

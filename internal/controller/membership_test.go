@@ -54,11 +54,33 @@ func TestMembership_EndpointsJoiningAnEmptyServiceEntryAreNotNewcomers(t *testin
 	key := types.NamespacedName{Namespace: "shop", Name: "web"}
 	a, b := MemberEndpoint{IP: "a", Pod: "pa", Weight: 100}, MemberEndpoint{IP: "b", Pod: "pb", Weight: 100}
 	m.Observe(key, nil)
+	clk.Step(10 * time.Second)
+	m.Observe(key, []MemberEndpoint{a})
+	clk.Step(time.Second)
+	m.Observe(key, []MemberEndpoint{a, b}) // b is a real newcomer
+	clk.Step(5 * time.Second)
+	from, to := t0.Add(-time.Minute), clk.Now()
+	for ip, want := range map[string]float64{"a": 1, "b": 5.0 / 76} {
+		if got := m.Share(key, ip, from, to); math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: share %.3f, want %.3f", ip, got, want)
+		}
+	}
+}
+
+// The first reconciles of a new AdaptiveLoadBalancer can list its endpoints a few at a time
+// while the Pod and EndpointSlice caches catch up; those are not newcomers either.
+func TestMembership_EndpointsListedInTheFirstMomentsAreNotNewcomers(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakeClock(t0)
+	m := NewMembership(clk)
+	key := types.NamespacedName{Namespace: "shop", Name: "web"}
+	a, b, c := MemberEndpoint{IP: "a", Pod: "pa", Weight: 100}, MemberEndpoint{IP: "b", Pod: "pb", Weight: 100}, MemberEndpoint{IP: "c", Pod: "pc", Weight: 100}
+	m.Observe(key, []MemberEndpoint{a})
 	clk.Step(time.Second)
 	m.Observe(key, []MemberEndpoint{a, b})
-	clk.Step(5 * time.Second)
-	m.Observe(key, []MemberEndpoint{a, b, {IP: "c", Pod: "pc", Weight: 100}}) // c is a real newcomer
-	clk.Step(5 * time.Second)
+	clk.Step(membershipSettle)
+	m.Observe(key, []MemberEndpoint{a, b, c}) // past the settling time: c is a newcomer
+	clk.Step(membershipSettle)
 	from, to := t0.Add(-time.Minute), clk.Now()
 	for ip, want := range map[string]float64{"a": 1, "b": 1, "c": 5.0 / 71} {
 		if got := m.Share(key, ip, from, to); math.Abs(got-want) > 1e-9 {
