@@ -124,6 +124,47 @@ type WeightCycle struct {
 	known map[types.NamespacedName]map[string]bool
 	// lastStatusWrite is when each AdaptiveLoadBalancer's status was last written by the cycle.
 	lastStatusWrite map[types.NamespacedName]time.Time
+	// rateHistory holds, per AdaptiveLoadBalancer, the Service's request rate of each cycle
+	// within the last peakRateWindow, oldest first: the engine plans for their maximum.
+	rateHistory map[types.NamespacedName][]rateObservation
+}
+
+// rateObservation is the Service's total request rate one cycle observed.
+type rateObservation struct {
+	at   time.Time
+	rate float64
+}
+
+// peakRateWindow is how far back the recent peak request rate reaches: long enough to remember
+// a burst through a few quiet cycles, short enough that a Service whose traffic fell for good
+// is soon planned for its new level.
+const peakRateWindow = 10 * time.Minute
+
+// recentPeak records this cycle's rate of the Service (when observed), drops the observations
+// older than peakRateWindow and returns the highest left; 0 when there is none. The cycle holds w.mu.
+func (w *WeightCycle) recentPeak(key types.NamespacedName, now time.Time, rate float64, observed bool) float64 {
+	if w.rateHistory == nil {
+		w.rateHistory = map[types.NamespacedName][]rateObservation{}
+	}
+	h := w.rateHistory[key]
+	drop := 0
+	for drop < len(h) && !h[drop].at.After(now.Add(-peakRateWindow)) {
+		drop++
+	}
+	h = slices.Delete(h, 0, drop)
+	if observed {
+		h = append(h, rateObservation{at: now, rate: rate})
+	}
+	if len(h) == 0 {
+		delete(w.rateHistory, key)
+		return 0
+	}
+	w.rateHistory[key] = h
+	peak := 0.0
+	for _, o := range h {
+		peak = max(peak, o.rate)
+	}
+	return peak
 }
 
 // statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
@@ -189,7 +230,9 @@ type CycleReport struct {
 	Writes   []time.Time
 	Written  []types.NamespacedName
 	Outcomes map[types.NamespacedName]cycle.Outcome
-	Pushes   int
+	// Inputs are what the planner and the engine were given for each due AdaptiveLoadBalancer.
+	Inputs map[types.NamespacedName]cycle.Target
+	Pushes int
 }
 
 // RunOnce runs one cycle now.
@@ -207,7 +250,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		w.debouncer = pushmodel.NewDebouncer(w.Debounce)
 	}
 	logger := log.FromContext(ctx)
-	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}}
+	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}}
 
 	due, idle, err := w.dueTargets(ctx, start)
 	if err != nil {
@@ -224,6 +267,8 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	var targets []cycle.Target
 	for _, d := range due {
 		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
+		d.observed.RecentPeakRequestRate = w.recentPeak(d.key, start, d.serviceRate, d.health.rateObserved)
+		report.Inputs[d.key] = d.observed
 		targets = append(targets, d.observed)
 	}
 	prev := map[string]cycle.State{}
@@ -346,6 +391,8 @@ type dueTarget struct {
 	health   metricsHealth
 	// writeErr is the failure of this cycle's weight write.
 	writeErr error
+	// serviceRate is the Service's request rate this cycle: the sum of its pods' usable rates.
+	serviceRate float64
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
 	// new endpoints up over it, so their early signals do not show their capacity.
 	warmup time.Duration
@@ -557,6 +604,11 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 			delete(w.known, key)
 		}
 	}
+	for key := range w.rateHistory {
+		if !live[key] {
+			delete(w.rateHistory, key)
+		}
+	}
 }
 
 // fetchResult is one batched fetch, shared by every target with the same interval.
@@ -639,6 +691,8 @@ type metricsHealth struct {
 	failure error
 	// detail is every distinct error seen, for the log and the event; never in a condition.
 	detail []string
+	// rateObserved: some pod's request rate was usable, and serviceRate sums them.
+	rateObserved bool
 }
 
 // minMembershipShare is the share of the metrics window an endpoint must have spent in the
@@ -721,6 +775,12 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 			}
 		}
 		ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
+		if o.RequestRate.Usable() {
+			// The whole window's rate, whatever the pod's time in the ServiceEntry: it is
+			// what the Service served.
+			d.serviceRate += o.RequestRate.Value
+			h.rateObserved = true
+		}
 		ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
 		complete, stale := true, false
 		for _, sig := range neededSignals {

@@ -228,7 +228,7 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 	for i, ip := range lf.ips {
 		eps = append(eps, weights.Endpoint{ID: ip, CPUCores: skewedCores[i], RequestRate: equalRPS[i], CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
 	}
-	want, err := weights.Compute(weights.Input{Endpoints: eps}, weights.DefaultSettings(weights.AlgorithmTail))
+	want, err := weights.Compute(weights.Input{Endpoints: eps, RecentPeakRequestRate: 600}, weights.DefaultSettings(weights.AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,5 +535,54 @@ func TestWeightCycle_RespectsTheDestinationRuleWarmup(t *testing.T) {
 	lf.load(skewedCores, equalRPS)
 	if rep := lf.run(); lf.wrote(rep) != 1 {
 		t.Fatalf("after the warm-up: %+v", rep.Outcomes[lf.key()])
+	}
+}
+
+// The engine plans for the Service's peak rate of the last ten minutes, summed over its pods and
+// kept across cycles, not for the rate of a quiet spell; a peak older than that is forgotten.
+func TestWeightCycle_PlansForTheRecentPeakRate(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	scaled := func(f float64) ([]float64, []float64) {
+		cores, rps := make([]float64, len(skewedCores)), make([]float64, len(equalRPS))
+		for i := range cores {
+			cores[i], rps[i] = skewedCores[i]*f, equalRPS[i]*f
+		}
+		return cores, rps
+	}
+	peakOf := func(rep CycleReport) float64 {
+		in, ok := rep.Inputs[lf.key()]
+		if !ok {
+			t.Fatalf("the cycle gave the engine no input for %s", lf.key())
+		}
+		return in.RecentPeakRequestRate
+	}
+	lf.load(scaled(1)) // 600 rps in all
+	if got := peakOf(lf.run()); math.Abs(got-600) > 6 {
+		t.Fatalf("first cycle at 600 rps: recent peak %.1f, want 600", got)
+	}
+	// A quiet spell: 60 rps, longer than the metrics window, so the windowed rate is 60.
+	quietCores, quietRPS := scaled(0.1)
+	for range 3 {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	rep := lf.run()
+	var current float64
+	for _, e := range rep.Inputs[lf.key()].Endpoints {
+		current += e.RequestRate
+	}
+	if math.Abs(current-60) > 1 {
+		t.Fatalf("quiet cycle: the endpoints' rates sum to %.1f, want 60", current)
+	}
+	if got := peakOf(rep); math.Abs(got-600) > 6 {
+		t.Fatalf("quiet cycle after a 600 rps cycle: recent peak %.1f, want the 600 of the earlier cycle", got)
+	}
+	// Ten minutes later the 600 rps cycle has left the window: the peak is the quiet rate.
+	for range int((peakRateWindow + loopInterval) / loopInterval) {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	if got := peakOf(lf.run()); math.Abs(got-60) > 1 {
+		t.Fatalf("after %s at 60 rps: recent peak %.1f, want 60", peakRateWindow, got)
 	}
 }
