@@ -653,6 +653,18 @@ func (w *WeightCycle) fetch(ctx context.Context, now time.Time, due []*dueTarget
 	return out
 }
 
+// latencyBuckets hands a pod's fetched latency histogram to the engine; nil when there is none.
+func latencyBuckets(fetched []metrics.LatencyBucket) []weights.LatencyBucket {
+	if len(fetched) == 0 {
+		return nil
+	}
+	out := make([]weights.LatencyBucket, len(fetched))
+	for i, b := range fetched {
+		out[i] = weights.LatencyBucket{UpperBoundSeconds: b.UpperBoundSeconds, Count: b.Count}
+	}
+	return out
+}
+
 // cpuLimit sums the CPU limits of the application containers; the sidecar's CPU is not in the
 // cAdvisor query either.
 func cpuLimit(pod *corev1.Pod) float64 {
@@ -775,6 +787,10 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 			}
 		}
 		ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
+		ep.LatencyBuckets = latencyBuckets(o.LatencyBuckets)
+		if queryFailure(o.LatencyBucketsErr) {
+			note(o.LatencyBucketsErr) // for the log; the engine does without the histogram
+		}
 		if o.RequestRate.Usable() {
 			// The whole window's rate, whatever the pod's time in the ServiceEntry: it is
 			// what the Service served.

@@ -586,3 +586,41 @@ func TestWeightCycle_PlansForTheRecentPeakRate(t *testing.T) {
 		t.Fatalf("after %s at 60 rps: recent peak %.1f, want 60", peakRateWindow, got)
 	}
 }
+
+// Each pod's server-side latency histogram reaches the engine: cumulative counts over the
+// metrics window, bounds in seconds.
+func TestWeightCycle_GivesTheEngineEachPodsLatencyHistogram(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	now := lf.clock.Now()
+	var b strings.Builder
+	// web-1: 60 rps within 5 ms, 90 within 25 ms, all 100 within 100 ms.
+	for le, rate := range map[string]float64{"5": 60, "25": 90, "100": 100, "+Inf": 100} {
+		b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace=%q,pod="web-1",le=%q}`, lf.ns, le), rate, now.Add(-time.Minute), now, time.Second))
+	}
+	lf.vm.ImportText(t, b.String())
+	rep := lf.run()
+	window := (2 * loopInterval).Seconds()
+	want := []weights.LatencyBucket{{UpperBoundSeconds: 0.005, Count: 60 * window}, {UpperBoundSeconds: 0.025, Count: 90 * window}, {UpperBoundSeconds: 0.1, Count: 100 * window}, {UpperBoundSeconds: math.Inf(1), Count: 100 * window}}
+	found := false
+	for _, e := range rep.Inputs[lf.key()].Endpoints {
+		if e.ID != lf.ips[0] {
+			if len(e.LatencyBuckets) != 0 {
+				t.Errorf("%s has no histogram series, yet the engine got buckets %v", e.ID, e.LatencyBuckets)
+			}
+			continue
+		}
+		found = true
+		if len(e.LatencyBuckets) != len(want) {
+			t.Fatalf("web-1's buckets %v, want %v", e.LatencyBuckets, want)
+		}
+		for i, got := range e.LatencyBuckets {
+			if got.UpperBoundSeconds != want[i].UpperBoundSeconds || math.Abs(got.Count-want[i].Count) > 0.02*want[i].Count {
+				t.Errorf("web-1's bucket %d is %+v, want %+v (all %v)", i, got, want[i], e.LatencyBuckets)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("the engine's input has no endpoint %s: %+v", lf.ips[0], rep.Inputs[lf.key()])
+	}
+}

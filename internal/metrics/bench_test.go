@@ -172,7 +172,8 @@ func BenchmarkQuery_200kSeries(b *testing.B) {
 	index, _ := newPodIndex(pods)
 	b.ReportAllocs()
 	for b.Loop() {
-		got, _, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli), index)
+		decoded, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli), index, false)
+		got := decoded.result
 		if err != nil {
 			b.Fatal(err)
 		}
