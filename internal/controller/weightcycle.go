@@ -385,6 +385,7 @@ type dueTarget struct {
 	podOrder         []string               // IPs in ServiceEntry order
 	current          map[string]int         // weight by IP
 	peerGroup        map[string]string      // instance type by IP
+	nodeCPU          map[string]float64     // allocatable CPU of the pod's node by IP, when known
 	lastWrite        time.Time
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
@@ -418,7 +419,7 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		present[client.ObjectKeyFromObject(&list.Items[i])] = true
 	}
 	w.Membership.Retain(present) // forgetGone above dropped the cycle's own state
-	nodeTypes := map[string]string{}
+	nodes := map[string]nodeFacts{}
 	for i := range list.Items {
 		alb := &list.Items[i]
 		key := client.ObjectKeyFromObject(alb)
@@ -465,7 +466,7 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 			return nil, nil, err
 		}
 		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
-			current: map[string]int{}, peerGroup: map[string]string{}, warmup: warmup}
+			current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}, warmup: warmup}
 		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
 			q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
 			if w.AllowQueryOverrides {
@@ -490,10 +491,15 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 			}
 			if pod != nil {
 				d.pods[e.Address] = pod
-				if t, err := w.instanceType(ctx, pod.Spec.NodeName, nodeTypes); err != nil {
+				facts, err := w.node(ctx, pod.Spec.NodeName, nodes)
+				if err != nil {
 					return nil, nil, err
-				} else if t != "" {
-					d.peerGroup[e.Address] = t
+				}
+				if facts.instanceType != "" {
+					d.peerGroup[e.Address] = facts.instanceType
+				}
+				if facts.cpuCores > 0 {
+					d.nodeCPU[e.Address] = facts.cpuCores
 				}
 			}
 		}
@@ -503,22 +509,32 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 	return due, idle, nil
 }
 
-// instanceType returns the instance-type label of a node (from the metadata cache), memoised
-// for the cycle in seen.
-func (w *WeightCycle) instanceType(ctx context.Context, nodeName string, seen map[string]string) (string, error) {
+// nodeFacts is what the weight cycle reads of a node.
+type nodeFacts struct {
+	instanceType string
+	// cpuCores is the node's allocatable CPU; 0 when unknown.
+	cpuCores float64
+}
+
+// node returns the instance type and allocatable CPU of a node (from the trimmed cache),
+// memoised for the cycle in seen. A node that is gone gives no facts.
+func (w *WeightCycle) node(ctx context.Context, nodeName string, seen map[string]nodeFacts) (nodeFacts, error) {
 	if nodeName == "" {
-		return "", nil
+		return nodeFacts{}, nil
 	}
-	if t, ok := seen[nodeName]; ok {
-		return t, nil
+	if f, ok := seen[nodeName]; ok {
+		return f, nil
 	}
-	node := &metav1.PartialObjectMetadata{}
-	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-	if err := w.Client.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil && !apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("get Node %s: %w", nodeName, err)
+	node := &corev1.Node{}
+	if err := w.Client.Get(ctx, types.NamespacedName{Name: nodeName}, node, client.UnsafeDisableDeepCopy); err != nil && !apierrors.IsNotFound(err) {
+		return nodeFacts{}, fmt.Errorf("get Node %s: %w", nodeName, err)
 	}
-	seen[nodeName] = node.Labels[InstanceTypeLabel]
-	return seen[nodeName], nil
+	f := nodeFacts{instanceType: node.Labels[InstanceTypeLabel]}
+	if cpu, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		f.cpuCores = cpu.AsApproximateFloat64()
+	}
+	seen[nodeName] = f
+	return f, nil
 }
 
 // observationKey identifies one fetched observation: the same pod under two Services with
@@ -764,6 +780,7 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		}
 		h.pods++
 		ep.CPULimitCores = cpuLimit(pod)
+		ep.NodeCPUCores = d.nodeCPU[ip]
 		warming := d.warmup > 0 && pod.Status.StartTime != nil && now.Sub(pod.Status.StartTime.Time) < d.warmup
 		o, found := res.observations[observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}]
 		if !found {

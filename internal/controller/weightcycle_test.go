@@ -624,3 +624,54 @@ func TestWeightCycle_GivesTheEngineEachPodsLatencyHistogram(t *testing.T) {
 		t.Fatalf("the engine's input has no endpoint %s: %+v", lf.ips[0], rep.Inputs[lf.key()])
 	}
 }
+
+// The engine learns each pod's node CPU count from the node's allocatable CPU, kept in the
+// operator's trimmed node cache; a node without it leaves the count unknown (0).
+func TestWeightCycle_GivesTheEngineTheNodesAllocatableCPU(t *testing.T) {
+	requireVM(t)
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-cpu8", Labels: map[string]string{"topology.kubernetes.io/region": "eu-west", "topology.kubernetes.io/zone": "eu-west-1a"}}}
+	if err := k8s.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), node) })
+	node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("32Gi")}
+	if err := k8s.Status().Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	// web-1 runs on the 8-CPU node, the others on node-a, which reports no allocatable CPU.
+	lf := newLoopFixture(t, adlbv1.ModeActive, func(i int) []func(*corev1.Pod) {
+		if i != 0 {
+			return nil
+		}
+		return []func(*corev1.Pod){func(p *corev1.Pod) { p.Spec.NodeName = node.Name }}
+	})
+	lf.eventually("the operator's cache has the node's allocatable CPU", func() error {
+		cached := &corev1.Node{}
+		if err := operatorClient.Get(ctx, types.NamespacedName{Name: node.Name}, cached); err != nil {
+			return err
+		}
+		if cpu := cached.Status.Allocatable.Cpu(); cpu.IsZero() {
+			return fmt.Errorf("cached node status %+v", cached.Status)
+		}
+		if _, kept := cached.Status.Allocatable[corev1.ResourceMemory]; kept {
+			return fmt.Errorf("the cache keeps more of the node than its CPU: %+v", cached.Status.Allocatable)
+		}
+		return nil
+	})
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	in, ok := rep.Inputs[lf.key()]
+	if !ok || len(in.Endpoints) != len(lf.ips) {
+		t.Fatalf("engine input %+v", in)
+	}
+	for _, e := range in.Endpoints {
+		want := 0.0
+		if e.ID == lf.ips[0] {
+			want = 8
+		}
+		if e.NodeCPUCores != want {
+			t.Errorf("%s: NodeCPUCores %v, want %v", e.ID, e.NodeCPUCores, want)
+		}
+	}
+}
