@@ -40,6 +40,9 @@ type metricsSourceFlags struct {
 	labelContainer            string
 	queryCPU, queryRPS        string
 	queryErrors, queryLatency string
+	// latencyHistogram is set by run's --tsdb-latency-histogram; metrics check discovers pods
+	// and sends no histogram query.
+	latencyHistogram bool
 }
 
 // prefix names the flags ("" for metrics check, "tsdb-" for run); urlNote ends the URL flag's
@@ -80,8 +83,9 @@ func (f *metricsSourceFlags) config() (metrics.Config, error) {
 			CAFile: f.tlsCA, CertFile: f.tlsCert, KeyFile: f.tlsKey,
 			ServerName: f.tlsServerName, InsecureSkipVerify: f.tlsInsecureSkipVerify,
 		},
-		Labels:  metrics.Labels{Namespace: f.labelNamespace, Pod: f.labelPod, Container: f.labelContainer},
-		Queries: metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
+		Labels:                  metrics.Labels{Namespace: f.labelNamespace, Pod: f.labelPod, Container: f.labelContainer},
+		Queries:                 metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
+		DisableLatencyHistogram: !f.latencyHistogram,
 	}
 	for _, h := range f.headers {
 		name, value, ok := strings.Cut(h, "=")

@@ -118,6 +118,7 @@ func newRunCmd() *cobra.Command {
 	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
 	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
 	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
+	f.BoolVar(&o.source.latencyHistogram, "tsdb-latency-histogram", true, "fetch each pod's latency histogram for the tail algorithm: one more query per cycle, about 20 series per pod (see docs/metrics.md); false: tail assumes a default request-size variability")
 	return cmd
 }
 

@@ -372,11 +372,10 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 			in.Pods[pod.Name] = pod
 			if pod.Spec.NodeName != "" {
 				if _, done := in.Nodes[pod.Spec.NodeName]; !done {
-					// Nodes are cached as metadata only; their labels are all the mirror reads.
-					node := &metav1.PartialObjectMetadata{}
-					node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
+					// Nodes are cached trimmed (trimNode); their labels are all the mirror reads.
+					node := &corev1.Node{}
 					if err := r.Get(ctx, types.NamespacedName{Name: pod.Spec.NodeName}, node, client.UnsafeDisableDeepCopy); err == nil {
-						in.Nodes[node.Name] = &corev1.Node{ObjectMeta: node.ObjectMeta}
+						in.Nodes[node.Name] = node
 					} else if !apierrors.IsNotFound(err) {
 						return istio.Input{}, fmt.Errorf("get Node %s: %w", pod.Spec.NodeName, err)
 					}

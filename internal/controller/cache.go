@@ -17,11 +17,11 @@ import (
 // CacheOptions keep in the informer caches only what the operator reads. At 200,000 pods the
 // cache is most of the operator's memory, and a pod as the API server sends it (managed fields,
 // every container's image, env, probes and volumes, kubectl's last-applied annotation) is
-// several kilobytes of which the mirror reads a few hundred bytes. Nodes are watched as
-// metadata only (see SetupWithManager): their labels are all that is read.
+// several kilobytes of which the mirror reads a few hundred bytes. Nodes keep their labels and
+// their allocatable CPU only (trimNode).
 //
 // With namespaces, namespaced objects are watched in those namespaces only (the operator then
-// needs Roles there, not a ClusterRole); nodes, cluster-scoped, are still watched as metadata.
+// needs Roles there, not a ClusterRole); nodes, cluster-scoped, are still watched cluster-wide.
 func CacheOptions(namespaces ...string) cache.Options {
 	var only map[string]cache.Config
 	for _, ns := range namespaces {
@@ -35,6 +35,7 @@ func CacheOptions(namespaces ...string) cache.Options {
 		DefaultTransform:  cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:                {Transform: trimPod},
+			&corev1.Node{}:               {Transform: trimNode},
 			&corev1.Service{}:            {Transform: trimService},
 			&discoveryv1.EndpointSlice{}: {Transform: trimEndpointSlice},
 			&networkingv1.ServiceEntry{}: {Transform: trimForeignServiceEntry},
@@ -81,6 +82,24 @@ func trimPod(obj any) (any, error) {
 		if c.Type == corev1.PodReady {
 			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
 		}
+	}
+	return out, nil
+}
+
+// trimNode keeps a node's labels (locality and instance type, read by the mirror and the weight
+// cycle) and its allocatable CPU (the tail algorithm's node CPU count). The rest of its status
+// (images, conditions, addresses: kilobytes per node, updated every few seconds) stays out of
+// the cache.
+func trimNode(obj any) (any, error) {
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Node{TypeMeta: node.TypeMeta}
+	out.ObjectMeta = trimmedMeta(node.ObjectMeta)
+	out.Labels = node.Labels
+	if cpu, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		out.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: cpu}
 	}
 	return out, nil
 }

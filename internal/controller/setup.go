@@ -111,9 +111,9 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
-		// Only node labels are read: a metadata-only watch keeps node status (images,
-		// conditions, addresses: kilobytes per node, updated often) out of the wire and the cache.
-		WatchesMetadata(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
+		// Nodes are cached trimmed to their labels and allocatable CPU (CacheOptions); only a
+		// change of their locality or instance type moves the mirror's output.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.

@@ -124,6 +124,47 @@ type WeightCycle struct {
 	known map[types.NamespacedName]map[string]bool
 	// lastStatusWrite is when each AdaptiveLoadBalancer's status was last written by the cycle.
 	lastStatusWrite map[types.NamespacedName]time.Time
+	// rateHistory holds, per AdaptiveLoadBalancer, the Service's request rate of each cycle
+	// within the last peakRateWindow, oldest first: the engine plans for their maximum.
+	rateHistory map[types.NamespacedName][]rateObservation
+}
+
+// rateObservation is the Service's total request rate one cycle observed.
+type rateObservation struct {
+	at   time.Time
+	rate float64
+}
+
+// peakRateWindow is how far back the recent peak request rate reaches: long enough to remember
+// a burst through a few quiet cycles, short enough that a Service whose traffic fell for good
+// is soon planned for its new level.
+const peakRateWindow = 10 * time.Minute
+
+// recentPeak records this cycle's rate of the Service (when observed), drops the observations
+// older than peakRateWindow and returns the highest left; 0 when there is none. The cycle holds w.mu.
+func (w *WeightCycle) recentPeak(key types.NamespacedName, now time.Time, rate float64, observed bool) float64 {
+	if w.rateHistory == nil {
+		w.rateHistory = map[types.NamespacedName][]rateObservation{}
+	}
+	h := w.rateHistory[key]
+	drop := 0
+	for drop < len(h) && !h[drop].at.After(now.Add(-peakRateWindow)) {
+		drop++
+	}
+	h = slices.Delete(h, 0, drop)
+	if observed {
+		h = append(h, rateObservation{at: now, rate: rate})
+	}
+	if len(h) == 0 {
+		delete(w.rateHistory, key)
+		return 0
+	}
+	w.rateHistory[key] = h
+	peak := 0.0
+	for _, o := range h {
+		peak = max(peak, o.rate)
+	}
+	return peak
 }
 
 // statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
@@ -189,7 +230,9 @@ type CycleReport struct {
 	Writes   []time.Time
 	Written  []types.NamespacedName
 	Outcomes map[types.NamespacedName]cycle.Outcome
-	Pushes   int
+	// Inputs are what the planner and the engine were given for each due AdaptiveLoadBalancer.
+	Inputs map[types.NamespacedName]cycle.Target
+	Pushes int
 }
 
 // RunOnce runs one cycle now.
@@ -207,7 +250,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		w.debouncer = pushmodel.NewDebouncer(w.Debounce)
 	}
 	logger := log.FromContext(ctx)
-	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}}
+	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}}
 
 	due, idle, err := w.dueTargets(ctx, start)
 	if err != nil {
@@ -224,6 +267,8 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	var targets []cycle.Target
 	for _, d := range due {
 		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
+		d.observed.RecentPeakRequestRate = w.recentPeak(d.key, start, d.serviceRate, d.health.rateObserved)
+		report.Inputs[d.key] = d.observed
 		targets = append(targets, d.observed)
 	}
 	prev := map[string]cycle.State{}
@@ -340,12 +385,15 @@ type dueTarget struct {
 	podOrder         []string               // IPs in ServiceEntry order
 	current          map[string]int         // weight by IP
 	peerGroup        map[string]string      // instance type by IP
+	nodeCPU          map[string]float64     // allocatable CPU of the pod's node by IP, when known
 	lastWrite        time.Time
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
 	health   metricsHealth
 	// writeErr is the failure of this cycle's weight write.
 	writeErr error
+	// serviceRate is the Service's request rate this cycle: the sum of its pods' usable rates.
+	serviceRate float64
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
 	// new endpoints up over it, so their early signals do not show their capacity.
 	warmup time.Duration
@@ -371,7 +419,7 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		present[client.ObjectKeyFromObject(&list.Items[i])] = true
 	}
 	w.Membership.Retain(present) // forgetGone above dropped the cycle's own state
-	nodeTypes := map[string]string{}
+	nodes := map[string]nodeFacts{}
 	for i := range list.Items {
 		alb := &list.Items[i]
 		key := client.ObjectKeyFromObject(alb)
@@ -418,7 +466,7 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 			return nil, nil, err
 		}
 		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
-			current: map[string]int{}, peerGroup: map[string]string{}, warmup: warmup}
+			current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}, warmup: warmup}
 		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
 			q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
 			if w.AllowQueryOverrides {
@@ -443,10 +491,15 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 			}
 			if pod != nil {
 				d.pods[e.Address] = pod
-				if t, err := w.instanceType(ctx, pod.Spec.NodeName, nodeTypes); err != nil {
+				facts, err := w.node(ctx, pod.Spec.NodeName, nodes)
+				if err != nil {
 					return nil, nil, err
-				} else if t != "" {
-					d.peerGroup[e.Address] = t
+				}
+				if facts.instanceType != "" {
+					d.peerGroup[e.Address] = facts.instanceType
+				}
+				if facts.cpuCores > 0 {
+					d.nodeCPU[e.Address] = facts.cpuCores
 				}
 			}
 		}
@@ -456,22 +509,32 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 	return due, idle, nil
 }
 
-// instanceType returns the instance-type label of a node (from the metadata cache), memoised
-// for the cycle in seen.
-func (w *WeightCycle) instanceType(ctx context.Context, nodeName string, seen map[string]string) (string, error) {
+// nodeFacts is what the weight cycle reads of a node.
+type nodeFacts struct {
+	instanceType string
+	// cpuCores is the node's allocatable CPU; 0 when unknown.
+	cpuCores float64
+}
+
+// node returns the instance type and allocatable CPU of a node (from the trimmed cache),
+// memoised for the cycle in seen. A node that is gone gives no facts.
+func (w *WeightCycle) node(ctx context.Context, nodeName string, seen map[string]nodeFacts) (nodeFacts, error) {
 	if nodeName == "" {
-		return "", nil
+		return nodeFacts{}, nil
 	}
-	if t, ok := seen[nodeName]; ok {
-		return t, nil
+	if f, ok := seen[nodeName]; ok {
+		return f, nil
 	}
-	node := &metav1.PartialObjectMetadata{}
-	node.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Node"))
-	if err := w.Client.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil && !apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("get Node %s: %w", nodeName, err)
+	node := &corev1.Node{}
+	if err := w.Client.Get(ctx, types.NamespacedName{Name: nodeName}, node, client.UnsafeDisableDeepCopy); err != nil && !apierrors.IsNotFound(err) {
+		return nodeFacts{}, fmt.Errorf("get Node %s: %w", nodeName, err)
 	}
-	seen[nodeName] = node.Labels[InstanceTypeLabel]
-	return seen[nodeName], nil
+	f := nodeFacts{instanceType: node.Labels[InstanceTypeLabel]}
+	if cpu, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		f.cpuCores = cpu.AsApproximateFloat64()
+	}
+	seen[nodeName] = f
+	return f, nil
 }
 
 // observationKey identifies one fetched observation: the same pod under two Services with
@@ -557,6 +620,11 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 			delete(w.known, key)
 		}
 	}
+	for key := range w.rateHistory {
+		if !live[key] {
+			delete(w.rateHistory, key)
+		}
+	}
 }
 
 // fetchResult is one batched fetch, shared by every target with the same interval.
@@ -601,6 +669,18 @@ func (w *WeightCycle) fetch(ctx context.Context, now time.Time, due []*dueTarget
 	return out
 }
 
+// latencyBuckets hands a pod's fetched latency histogram to the engine; nil when there is none.
+func latencyBuckets(fetched []metrics.LatencyBucket) []weights.LatencyBucket {
+	if len(fetched) == 0 {
+		return nil
+	}
+	out := make([]weights.LatencyBucket, len(fetched))
+	for i, b := range fetched {
+		out[i] = weights.LatencyBucket{UpperBoundSeconds: b.UpperBoundSeconds, Count: b.Count}
+	}
+	return out
+}
+
 // cpuLimit sums the CPU limits of the application containers; the sidecar's CPU is not in the
 // cAdvisor query either.
 func cpuLimit(pod *corev1.Pod) float64 {
@@ -639,6 +719,8 @@ type metricsHealth struct {
 	failure error
 	// detail is every distinct error seen, for the log and the event; never in a condition.
 	detail []string
+	// rateObserved: some pod's request rate was usable, and serviceRate sums them.
+	rateObserved bool
 }
 
 // minMembershipShare is the share of the metrics window an endpoint must have spent in the
@@ -698,6 +780,7 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		}
 		h.pods++
 		ep.CPULimitCores = cpuLimit(pod)
+		ep.NodeCPUCores = d.nodeCPU[ip]
 		warming := d.warmup > 0 && pod.Status.StartTime != nil && now.Sub(pod.Status.StartTime.Time) < d.warmup
 		o, found := res.observations[observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}]
 		if !found {
@@ -721,6 +804,16 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 			}
 		}
 		ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
+		ep.LatencyBuckets = latencyBuckets(o.LatencyBuckets)
+		if queryFailure(o.LatencyBucketsErr) {
+			note(o.LatencyBucketsErr) // for the log; the engine does without the histogram
+		}
+		if o.RequestRate.Usable() {
+			// The whole window's rate, whatever the pod's time in the ServiceEntry: it is
+			// what the Service served.
+			d.serviceRate += o.RequestRate.Value
+			h.rateObserved = true
+		}
 		ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
 		complete, stale := true, false
 		for _, sig := range neededSignals {

@@ -228,7 +228,7 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 	for i, ip := range lf.ips {
 		eps = append(eps, weights.Endpoint{ID: ip, CPUCores: skewedCores[i], RequestRate: equalRPS[i], CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
 	}
-	want, err := weights.Compute(weights.Input{Endpoints: eps}, weights.DefaultSettings(weights.AlgorithmTail))
+	want, err := weights.Compute(weights.Input{Endpoints: eps, RecentPeakRequestRate: 600}, weights.DefaultSettings(weights.AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -535,5 +535,143 @@ func TestWeightCycle_RespectsTheDestinationRuleWarmup(t *testing.T) {
 	lf.load(skewedCores, equalRPS)
 	if rep := lf.run(); lf.wrote(rep) != 1 {
 		t.Fatalf("after the warm-up: %+v", rep.Outcomes[lf.key()])
+	}
+}
+
+// The engine plans for the Service's peak rate of the last ten minutes, summed over its pods and
+// kept across cycles, not for the rate of a quiet spell; a peak older than that is forgotten.
+func TestWeightCycle_PlansForTheRecentPeakRate(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	scaled := func(f float64) ([]float64, []float64) {
+		cores, rps := make([]float64, len(skewedCores)), make([]float64, len(equalRPS))
+		for i := range cores {
+			cores[i], rps[i] = skewedCores[i]*f, equalRPS[i]*f
+		}
+		return cores, rps
+	}
+	peakOf := func(rep CycleReport) float64 {
+		in, ok := rep.Inputs[lf.key()]
+		if !ok {
+			t.Fatalf("the cycle gave the engine no input for %s", lf.key())
+		}
+		return in.RecentPeakRequestRate
+	}
+	lf.load(scaled(1)) // 600 rps in all
+	if got := peakOf(lf.run()); math.Abs(got-600) > 6 {
+		t.Fatalf("first cycle at 600 rps: recent peak %.1f, want 600", got)
+	}
+	// A quiet spell: 60 rps, longer than the metrics window, so the windowed rate is 60.
+	quietCores, quietRPS := scaled(0.1)
+	for range 3 {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	rep := lf.run()
+	var current float64
+	for _, e := range rep.Inputs[lf.key()].Endpoints {
+		current += e.RequestRate
+	}
+	if math.Abs(current-60) > 1 {
+		t.Fatalf("quiet cycle: the endpoints' rates sum to %.1f, want 60", current)
+	}
+	if got := peakOf(rep); math.Abs(got-600) > 6 {
+		t.Fatalf("quiet cycle after a 600 rps cycle: recent peak %.1f, want the 600 of the earlier cycle", got)
+	}
+	// Ten minutes later the 600 rps cycle has left the window: the peak is the quiet rate.
+	for range int((peakRateWindow + loopInterval) / loopInterval) {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	if got := peakOf(lf.run()); math.Abs(got-60) > 1 {
+		t.Fatalf("after %s at 60 rps: recent peak %.1f, want 60", peakRateWindow, got)
+	}
+}
+
+// Each pod's server-side latency histogram reaches the engine: cumulative counts over the
+// metrics window, bounds in seconds.
+func TestWeightCycle_GivesTheEngineEachPodsLatencyHistogram(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	now := lf.clock.Now()
+	var b strings.Builder
+	// web-1: 60 rps within 5 ms, 90 within 25 ms, all 100 within 100 ms.
+	for le, rate := range map[string]float64{"5": 60, "25": 90, "100": 100, "+Inf": 100} {
+		b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace=%q,pod="web-1",le=%q}`, lf.ns, le), rate, now.Add(-time.Minute), now, time.Second))
+	}
+	lf.vm.ImportText(t, b.String())
+	rep := lf.run()
+	window := (2 * loopInterval).Seconds()
+	want := []weights.LatencyBucket{{UpperBoundSeconds: 0.005, Count: 60 * window}, {UpperBoundSeconds: 0.025, Count: 90 * window}, {UpperBoundSeconds: 0.1, Count: 100 * window}, {UpperBoundSeconds: math.Inf(1), Count: 100 * window}}
+	found := false
+	for _, e := range rep.Inputs[lf.key()].Endpoints {
+		if e.ID != lf.ips[0] {
+			if len(e.LatencyBuckets) != 0 {
+				t.Errorf("%s has no histogram series, yet the engine got buckets %v", e.ID, e.LatencyBuckets)
+			}
+			continue
+		}
+		found = true
+		if len(e.LatencyBuckets) != len(want) {
+			t.Fatalf("web-1's buckets %v, want %v", e.LatencyBuckets, want)
+		}
+		for i, got := range e.LatencyBuckets {
+			if got.UpperBoundSeconds != want[i].UpperBoundSeconds || math.Abs(got.Count-want[i].Count) > 0.02*want[i].Count {
+				t.Errorf("web-1's bucket %d is %+v, want %+v (all %v)", i, got, want[i], e.LatencyBuckets)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("the engine's input has no endpoint %s: %+v", lf.ips[0], rep.Inputs[lf.key()])
+	}
+}
+
+// The engine learns each pod's node CPU count from the node's allocatable CPU, kept in the
+// operator's trimmed node cache; a node without it leaves the count unknown (0).
+func TestWeightCycle_GivesTheEngineTheNodesAllocatableCPU(t *testing.T) {
+	requireVM(t)
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-cpu8", Labels: map[string]string{"topology.kubernetes.io/region": "eu-west", "topology.kubernetes.io/zone": "eu-west-1a"}}}
+	if err := k8s.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), node) })
+	node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("32Gi")}
+	if err := k8s.Status().Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	// web-1 runs on the 8-CPU node, the others on node-a, which reports no allocatable CPU.
+	lf := newLoopFixture(t, adlbv1.ModeActive, func(i int) []func(*corev1.Pod) {
+		if i != 0 {
+			return nil
+		}
+		return []func(*corev1.Pod){func(p *corev1.Pod) { p.Spec.NodeName = node.Name }}
+	})
+	lf.eventually("the operator's cache has the node's allocatable CPU", func() error {
+		cached := &corev1.Node{}
+		if err := operatorClient.Get(ctx, types.NamespacedName{Name: node.Name}, cached); err != nil {
+			return err
+		}
+		if cpu := cached.Status.Allocatable.Cpu(); cpu.IsZero() {
+			return fmt.Errorf("cached node status %+v", cached.Status)
+		}
+		if _, kept := cached.Status.Allocatable[corev1.ResourceMemory]; kept {
+			return fmt.Errorf("the cache keeps more of the node than its CPU: %+v", cached.Status.Allocatable)
+		}
+		return nil
+	})
+	lf.load(skewedCores, equalRPS)
+	rep := lf.run()
+	in, ok := rep.Inputs[lf.key()]
+	if !ok || len(in.Endpoints) != len(lf.ips) {
+		t.Fatalf("engine input %+v", in)
+	}
+	for _, e := range in.Endpoints {
+		want := 0.0
+		if e.ID == lf.ips[0] {
+			want = 8
+		}
+		if e.NodeCPUCores != want {
+			t.Errorf("%s: NodeCPUCores %v, want %v", e.ID, e.NodeCPUCores, want)
+		}
 	}
 }

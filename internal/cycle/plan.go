@@ -48,6 +48,8 @@ type Target struct {
 	WindowCoverage float64
 	// WindowSeconds is the length of the metrics window (0: unknown).
 	WindowSeconds float64
+	// RecentPeakRequestRate is the Service's highest request rate over the recent past (0: unknown).
+	RecentPeakRequestRate float64
 	// PeerGroups names each endpoint's peer group (the instance type of its node), by endpoint
 	// ID; "" or absent is no group. See keepWithoutMetrics.
 	PeerGroups map[string]string
@@ -122,7 +124,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
 		st.FallenBack = true
 	} else {
-		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds}, t.Settings) {
+		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds, RecentPeakRequestRate: t.RecentPeakRequestRate}, t.Settings) {
 			return out, st
 		}
 		keepWithoutMetrics(&out.Decision, t)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -65,8 +66,37 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// benchHistogramPods is how many pods the canned histogram answer covers: 20 buckets each make
+// as many series as one value query's answer for benchPods.
+const (
+	benchHistogramBuckets = 20
+	benchHistogramPods    = benchPods / benchHistogramBuckets
+)
+
+// benchHistogramBody renders a latency histogram answer: one series per pod and bucket.
+func benchHistogramBody() []byte {
+	var b strings.Builder
+	b.Grow(benchPods * 130)
+	b.WriteString(`{"status":"success","data":{"resultType":"vector","result":[`)
+	for p := range benchHistogramPods {
+		namespace, pod := benchPodName(p/benchPodsPerNS, p%benchPodsPerNS)
+		for k := range benchHistogramBuckets {
+			if p+k > 0 {
+				b.WriteByte(',')
+			}
+			le := "+Inf"
+			if k < benchHistogramBuckets-1 {
+				le = strconv.FormatFloat(math.Pow(2, float64(k)), 'g', -1, 64)
+			}
+			fmt.Fprintf(&b, `{"metric":{"namespace":%q,"pod":%q,"le":%q},"value":[1795348200,"%d"]}`, namespace, pod, le, 100*(k+1))
+		}
+	}
+	b.WriteString(`]}}`)
+	return []byte(b.String())
+}
+
 func serveBenchTSDB() {
-	values, stamps := benchBody("0.5"), benchBody("1795348195")
+	values, stamps, histogram := benchBody("0.5"), benchBody("1795348195"), benchHistogramBody()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -77,8 +107,11 @@ func serveBenchTSDB() {
 		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_ = r.ParseForm()
 			body := values
-			if strings.HasPrefix(r.Form.Get("query"), "max by") { // a freshness probe
+			switch q := r.Form.Get("query"); {
+			case strings.HasPrefix(q, "max by"): // a freshness probe
 				body = stamps
+			case strings.Contains(q, "istio_request_duration_milliseconds_bucket") && !strings.HasPrefix(q, "histogram_quantile"):
+				body = histogram
 			}
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(body)
@@ -130,7 +163,9 @@ func BenchmarkFetch_200kPods(b *testing.B) {
 			pods = append(pods, Pod{Namespace: namespace, Name: pod, CPULimitCores: 2})
 		}
 	}
-	src, err := New(Config{URL: url, Timeout: time.Minute}, nil)
+	// Without the latency histogram: at 200,000 pods its 4 million series would pass the response
+	// limit (docs/metrics.md); BenchmarkQuery_LatencyHistogram_200kSeries measures its decoding.
+	src, err := New(Config{URL: url, Timeout: time.Minute, DisableLatencyHistogram: true}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -172,12 +207,46 @@ func BenchmarkQuery_200kSeries(b *testing.B) {
 	index, _ := newPodIndex(pods)
 	b.ReportAllocs()
 	for b.Loop() {
-		got, _, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli), index)
+		decoded, _, err := ps.query(context.Background(), "up", time.UnixMilli(benchEvalUnixMilli), index, false)
+		got := decoded.result
 		if err != nil {
 			b.Fatal(err)
 		}
 		if n := got.pods(); n != benchPods {
 			b.Fatalf("%d pods mapped", n)
+		}
+	}
+	b.ReportMetric(float64(peakRSS())/1e6, "peak-rss-MB")
+}
+
+// BenchmarkQuery_LatencyHistogram_200kSeries decodes the latency histogram query's answer for
+// 10,000 pods of 20 buckets (200,000 series, as many as BenchmarkQuery_200kSeries) into per-pod
+// buckets.
+func BenchmarkQuery_LatencyHistogram_200kSeries(b *testing.B) {
+	src, err := New(Config{URL: startBenchTSDB(b), Timeout: time.Minute}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ps := src.(*prometheusSource)
+	pods := make([]Pod, 0, benchHistogramPods)
+	for p := range benchHistogramPods {
+		namespace, pod := benchPodName(p/benchPodsPerNS, p%benchPodsPerNS)
+		pods = append(pods, Pod{Namespace: namespace, Name: pod})
+	}
+	index, _ := newPodIndex(pods)
+	text, err := RenderQuery(histogramQueryName, DefaultLatencyHistogramQuery, NewTemplateData(nil, "", time.Minute, DefaultLabels))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		decoded, _, err := ps.query(context.Background(), text, time.UnixMilli(benchEvalUnixMilli), index, true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		last := int32(benchHistogramPods - 1)
+		if got, err := decoded.buckets.at(last, index.keys[last]); err != nil || len(got) != benchHistogramBuckets {
+			b.Fatalf("last pod: %d buckets, %v", len(got), err)
 		}
 	}
 	b.ReportMetric(float64(peakRSS())/1e6, "peak-rss-MB")

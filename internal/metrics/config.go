@@ -49,6 +49,10 @@ type Config struct {
 	FreshnessQueries QueryTemplates
 	// Labels overrides the label names that identify pods.
 	Labels Labels
+	// DisableLatencyHistogram leaves out the per-pod latency histogram query
+	// (DefaultLatencyHistogramQuery): its response has one series per pod and bucket, about
+	// twenty times the other queries', which the largest fleets may not want to pay for.
+	DisableLatencyHistogram bool
 }
 
 // BasicAuth holds HTTP basic-auth credentials; PasswordFile wins over Password.

@@ -26,6 +26,10 @@ type apiResponse struct {
 	resultType string
 	result     podValues
 	series     int
+	// histogram, when set before decoding, makes the series go to buckets by their le label
+	// instead of to result.
+	histogram bool
+	buckets   podHistograms
 }
 
 // decodeQueryResponse streams an instant-query body straight into per-pod values: the body is read
@@ -34,7 +38,13 @@ type apiResponse struct {
 // values are parsed with strconv.ParseFloat. Unknown fields are skipped. Series are attributed
 // through the cycle's pod index. See docs/metrics.md ("Why the cycle does not use v1's decoder").
 func decodeQueryResponse(body io.Reader, labels Labels, index *podIndex) (apiResponse, error) {
-	var out apiResponse
+	return decodeResponse(body, labels, index, false)
+}
+
+// decodeResponse is decodeQueryResponse; with histogram, the series of a latency histogram query
+// (one per pod and le) go to buckets instead.
+func decodeResponse(body io.Reader, labels Labels, index *podIndex, histogram bool) (apiResponse, error) {
+	out := apiResponse{histogram: histogram}
 	iter := jsoniter.Parse(jsoniter.ConfigFastest, body, decodeBufferBytes)
 	var dataErr error
 	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
@@ -114,7 +124,11 @@ func decodeData(iter *jsoniter.Iterator, labels Labels, index *podIndex, out *ap
 }
 
 func decodeVector(iter *jsoniter.Iterator, labels Labels, index *podIndex, out *apiResponse) error {
-	out.result = newPodValues(index, labels)
+	if out.histogram {
+		out.buckets = newPodHistograms(index)
+	} else {
+		out.result = newPodValues(index, labels)
+	}
 	var err error
 	iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
 		err = decodeSeries(iter, labels, out)
@@ -126,7 +140,7 @@ func decodeVector(iter *jsoniter.Iterator, labels Labels, index *podIndex, out *
 
 // decodeSeries reads {"metric":{...},"value":[<ts>,"<val>"]}.
 func decodeSeries(iter *jsoniter.Iterator, labels Labels, out *apiResponse) error {
-	var ns, pod string
+	var ns, pod, le string
 	var others model.Metric
 	var value float64
 	var haveValue bool
@@ -141,6 +155,12 @@ func decodeSeries(iter *jsoniter.Iterator, labels Labels, out *apiResponse) erro
 					ns = v
 				case labels.Pod:
 					pod = v
+				case "le":
+					if out.histogram {
+						le = v
+						break
+					}
+					fallthrough
 				default:
 					if others == nil {
 						others = model.Metric{}
@@ -162,6 +182,10 @@ func decodeSeries(iter *jsoniter.Iterator, labels Labels, out *apiResponse) erro
 	}
 	if !haveValue {
 		return fmt.Errorf("%w: series %d has no value", ErrMalformedResponse, out.series)
+	}
+	if out.histogram {
+		out.buckets.add(ns, pod, le, value)
+		return nil
 	}
 	out.result.add(ns, pod, value, others)
 	return nil

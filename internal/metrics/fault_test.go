@@ -319,8 +319,8 @@ func TestPrometheusSource_FallsBackToGETWhenPOSTIsRefused(t *testing.T) {
 	for m := range methods {
 		seen = append(seen, m)
 	}
-	if !slices.Contains(seen, http.MethodGet) || len(seen) != 12 {
-		t.Errorf("methods %v, want each of the 6 queries POSTed then retried with GET", seen)
+	if !slices.Contains(seen, http.MethodGet) || len(seen) != 14 {
+		t.Errorf("methods %v, want each of the 7 queries POSTed then retried with GET", seen)
 	}
 }
 

@@ -41,6 +41,8 @@ type prometheusSource struct {
 	freshness QueryTemplates
 	labels    Labels
 	metrics   *instrumentation
+	// histogram is the latency histogram query's template; empty when disabled.
+	histogram string
 
 	mu        sync.Mutex
 	templates map[string]*template.Template
@@ -73,8 +75,16 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 		freshness: cfg.FreshnessQueries.Or(DefaultFreshnessQueries),
 		labels:    cfg.Labels.withDefaults(),
 		metrics:   in,
+		histogram: histogramTemplate(cfg),
 		templates: map[string]*template.Template{},
 	}, nil
+}
+
+func histogramTemplate(cfg Config) string {
+	if cfg.DisableLatencyHistogram {
+		return ""
+	}
+	return DefaultLatencyHistogramQuery
 }
 
 // signalQueries holds, per signal (in Signals order), the index of a pod's value query.
@@ -86,6 +96,9 @@ func signalIndex(s Signal) int { return slices.Index(Signals, s) }
 type plannedQuery struct {
 	Query
 	result podValues
+	// histogram marks the latency histogram query, whose result is buckets.
+	histogram bool
+	buckets   podHistograms
 }
 
 // plan maps every (pod, signal) to the index of its value query and every signal to its
@@ -95,6 +108,8 @@ type plan struct {
 	byText    map[string]int
 	value     []signalQueries // per pod
 	freshness map[Signal]int
+	// histogram is the index of the latency histogram query, -1 when none is sent.
+	histogram int
 }
 
 func (p *plan) add(name string, signal Signal, text string) int {
@@ -133,7 +148,7 @@ func validateRequest(req Request) error {
 }
 
 func (s *prometheusSource) makePlan(req Request) (*plan, error) {
-	p := &plan{byText: map[string]int{}, freshness: map[Signal]int{}, value: make([]signalQueries, len(req.Pods))}
+	p := &plan{byText: map[string]int{}, freshness: map[Signal]int{}, value: make([]signalQueries, len(req.Pods)), histogram: -1}
 	allNamespaces := req.DiscoverNamespaces
 	if len(req.Pods) > 0 {
 		allNamespaces = nil
@@ -189,6 +204,18 @@ func (s *prometheusSource) makePlan(req Request) (*plan, error) {
 			}
 			p.freshness[signal] = p.add("freshness", signal, rendered)
 		}
+	}
+	// One histogram query for every pod of the cycle; discovery (metrics check) has no use for it.
+	if s.histogram != "" && len(req.Pods) > 0 {
+		q := &plannedQuery{Query: Query{Name: histogramQueryName, Text: s.histogram}, histogram: true}
+		rendered, err := s.render(histogramQueryName, s.histogram, NewTemplateData(allNamespaces, req.PodRegex, req.Window, s.labels))
+		if err != nil {
+			q.Err = err
+		} else {
+			q.Text = rendered
+		}
+		p.queries = append(p.queries, q)
+		p.histogram = len(p.queries) - 1
 	}
 	return p, nil
 }
@@ -310,6 +337,13 @@ func (s *prometheusSource) Fetch(ctx context.Context, req Request) (Batch, error
 			}
 			*obs.Sample(signal) = sample
 		}
+		if p.histogram >= 0 {
+			if q := p.queries[p.histogram]; q.Err != nil {
+				obs.LatencyBucketsErr = q.Err
+			} else {
+				obs.LatencyBuckets, obs.LatencyBucketsErr = q.buckets.at(slot, key)
+			}
+		}
 	}
 	return batch, errors.Join(errs...)
 }
@@ -353,7 +387,7 @@ func discoveredPods(p *plan, index *podIndex) ([]Pod, []signalQueries, []int32) 
 
 func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now time.Time, index *podIndex) {
 	start := time.Now()
-	result, series, warnings, err := s.query(ctx, q.Text, now, index)
+	decoded, warnings, err := s.query(ctx, q.Text, now, index, q.histogram)
 	s.metrics.duration.WithLabelValues(q.Name).Observe(time.Since(start).Seconds())
 	q.Warnings = warnings
 	if err != nil {
@@ -361,18 +395,18 @@ func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now 
 		s.metrics.errors.WithLabelValues(q.Name, Reason(err)).Inc()
 		return
 	}
-	q.result = result
-	q.Series = series
-	if q.result.unlabelled > 0 {
+	q.result, q.buckets = decoded.result, decoded.buckets
+	q.Series = decoded.series
+	if unlabelled := q.result.unlabelled + q.buckets.unlabelled; unlabelled > 0 {
 		q.Warnings = append(q.Warnings, fmt.Sprintf("%d series lack the %q or %q label and were ignored; aggregate by (%s, %s)",
-			q.result.unlabelled, s.labels.Namespace, s.labels.Pod, s.labels.Namespace, s.labels.Pod))
+			unlabelled, s.labels.Namespace, s.labels.Pod, s.labels.Namespace, s.labels.Pod))
 	}
 }
 
 // query runs one instant query and turns every failure into a typed error. The request goes
 // through the source's round-tripper (TLS, auth, headers); a successful body is decoded by
 // decodeQueryResponse as it streams in, and each series is attributed through the cycle's index.
-func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, index *podIndex) (podValues, int, []string, error) {
+func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, index *podIndex, histogram bool) (apiResponse, []string, error) {
 	qctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	form := url.Values{}
@@ -386,7 +420,7 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 		resp, err = s.get(qctx, form)
 	}
 	if err != nil {
-		return podValues{}, 0, nil, classify(ctx, qctx, err, s.timeout)
+		return apiResponse{}, nil, classify(ctx, qctx, err, s.timeout)
 	}
 	defer discardBody(resp)
 
@@ -394,44 +428,44 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 		// Error bodies are small; read a bounded prefix to quote it.
 		body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxErrorBodyBytes))
 		if readErr != nil {
-			return podValues{}, 0, nil, classify(ctx, qctx, readErr, s.timeout)
+			return apiResponse{}, nil, classify(ctx, qctx, readErr, s.timeout)
 		}
 		detail := truncate(string(body), 1000)
 		// Prefer the API's own error text; a non-JSON body is shown as it came.
 		if decoded, err := decodeQueryResponse(bytes.NewReader(body), s.labels, index); err == nil && decoded.status == "error" && decoded.errorText != "" {
 			detail = decoded.errorText
 		}
-		return podValues{}, 0, nil, &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
+		return apiResponse{}, nil, &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
 	}
 
 	body := &readErrorRecorder{r: &cappedReader{r: resp.Body, left: s.maxBytes, limit: s.maxBytes}}
-	decoded, decodeErr := decodeQueryResponse(body, s.labels, index)
+	decoded, decodeErr := decodeResponse(body, s.labels, index, histogram)
 	if errors.Is(body.err, ErrResponseTooLarge) {
-		return podValues{}, 0, nil, body.err
+		return apiResponse{}, nil, body.err
 	}
 	if body.err != nil { // the transport failed mid-body: a timeout or a reset, not bad JSON
-		return podValues{}, 0, nil, classify(ctx, qctx, body.err, s.timeout)
+		return apiResponse{}, nil, classify(ctx, qctx, body.err, s.timeout)
 	}
 	if decodeErr != nil {
-		return podValues{}, 0, nil, fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
+		return apiResponse{}, nil, fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
 	}
 	if decoded.status == "error" {
-		return podValues{}, 0, nil, fmt.Errorf("%w: %s: %s", ErrMalformedResponse, decoded.errorType, decoded.errorText)
+		return apiResponse{}, nil, fmt.Errorf("%w: %s: %s", ErrMalformedResponse, decoded.errorType, decoded.errorText)
 	}
 	if len(decoded.warnings) > 0 {
-		return podValues{}, 0, decoded.warnings, &PartialResponseError{Warnings: decoded.warnings}
+		return apiResponse{}, decoded.warnings, &PartialResponseError{Warnings: decoded.warnings}
 	}
 	switch decoded.resultType {
 	case "":
-		return podValues{}, 0, nil, fmt.Errorf("%w: response has no data", ErrMalformedResponse)
+		return apiResponse{}, nil, fmt.Errorf("%w: response has no data", ErrMalformedResponse)
 	case resultTypeVector:
 	default:
-		return podValues{}, 0, nil, &UnexpectedResultTypeError{Got: decoded.resultType}
+		return apiResponse{}, nil, &UnexpectedResultTypeError{Got: decoded.resultType}
 	}
 	if decoded.series == 0 {
-		return podValues{}, 0, nil, &NoDataError{}
+		return apiResponse{}, nil, &NoDataError{}
 	}
-	return decoded.result, decoded.series, nil, nil
+	return decoded, nil, nil
 }
 
 // cappedReader fails with ErrResponseTooLarge once more than limit bytes were read.

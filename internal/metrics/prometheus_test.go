@@ -154,12 +154,12 @@ func TestPrometheusSource_Fetch_VictoriaMetrics(t *testing.T) {
 			t.Errorf("api-2 pod %+v", api2.Pod)
 		}
 	})
-	t.Run("one query per signal plus the two freshness probes", func(t *testing.T) {
+	t.Run("one query per signal, the two freshness probes and the latency histogram", func(t *testing.T) {
 		var names []string
 		for _, q := range batch.Queries {
 			names = append(names, q.Name)
 		}
-		if got := strings.Join(names, ","); got != "cpu,freshness,requestRate,freshness,errorRate,latencyP99" {
+		if got := strings.Join(names, ","); got != "cpu,freshness,requestRate,freshness,errorRate,latencyP99,latencyHistogram" {
 			t.Errorf("queries %s", got)
 		}
 		want, _ := RenderQuery("cpu", DefaultCPUQuery, NewTemplateData([]string{"shop", "pay.eu"}, "", testWindow, DefaultLabels))
@@ -213,8 +213,8 @@ func TestPrometheusSource_QueriesPerCycleDoNotGrowWithServices(t *testing.T) {
 		many = append(many, Pod{Namespace: fmt.Sprintf("team-%03d", i), Name: "svc-0"})
 	}
 	fiveHundred := count(many)
-	if one != 6 || fiveHundred != one {
-		t.Errorf("HTTP query requests per cycle: %d for 1 Service, %d for 500; want 6 for both", one, fiveHundred)
+	if one != 7 || fiveHundred != one {
+		t.Errorf("HTTP query requests per cycle: %d for 1 Service, %d for 500; want 7 for both", one, fiveHundred)
 	}
 }
 
@@ -237,8 +237,8 @@ func TestPrometheusSource_Overrides_VictoriaMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("pods sharing a template set share one query per signal", func(t *testing.T) {
-		if got := requests.Load(); got != 8 {
-			t.Errorf("%d queries, want 8 (6 + one per overridden signal)", got)
+		if got := requests.Load(); got != 9 {
+			t.Errorf("%d queries, want 9 (7 + one per overridden signal)", got)
 		}
 	})
 	t.Run("the override applies only to its pods", func(t *testing.T) {
@@ -321,7 +321,7 @@ func TestPrometheusSource_Faults_VictoriaMetrics(t *testing.T) {
 		if got := testutil.ToFloat64(src.metrics.errors.WithLabelValues("cpu", "unreachable")); got != 1 {
 			t.Errorf("adaptivelb_metrics_query_errors_total{signal=cpu,reason=unreachable} = %v", got)
 		}
-		if n, err := testutil.GatherAndCount(reg, "adaptivelb_metrics_query_duration_seconds"); err != nil || n != 5 {
+		if n, err := testutil.GatherAndCount(reg, "adaptivelb_metrics_query_duration_seconds"); err != nil || n != 6 {
 			t.Errorf("duration series: %d, %v (want one per query name)", n, err)
 		}
 	})
@@ -355,4 +355,69 @@ func TestFetch_StockVictoriaMetricsAnswersInThePast(t *testing.T) {
 	if cpu := batch.Observations[0].CPUCores; !cpu.Usable() {
 		t.Fatalf("at the default 30s interval the CPU sample should be fresh: %+v", cpu)
 	}
+}
+
+// The latency histogram comes back per pod from one query: each pod's cumulative buckets over
+// the window, bounds converted from Istio's milliseconds to seconds, sorted, +Inf included.
+func TestFetch_LatencyHistogramPerPod(t *testing.T) {
+	vm := vmtest.Start(t)
+	now := loadFleet(t, vm)
+	src, _ := newTestSource(t, Config{URL: vm.URL})
+	batch, err := src.Fetch(context.Background(), Request{Pods: fleetPods(), Now: now, Window: testWindow, Interval: testInterval})
+	if err != nil {
+		t.Fatalf("Fetch: %v", err)
+	}
+	window := testWindow.Seconds()
+	want := map[string][]LatencyBucket{
+		"api-1": {{0.01, 50 * window}, {0.05, 90 * window}, {0.1, 100 * window}, {math.Inf(1), 100 * window}},
+		"api-2": {{0.01, 50 * window}, {0.05, 50 * window}, {0.1, 50 * window}, {math.Inf(1), 50 * window}},
+	}
+	for _, obs := range batch.Observations {
+		w, ok := want[obs.Name]
+		if !ok {
+			if len(obs.LatencyBuckets) != 0 || !errors.Is(obs.LatencyBucketsErr, ErrNoData) {
+				t.Errorf("%s has no histogram series: buckets %v, error %v; want none and ErrNoData", obs.Name, obs.LatencyBuckets, obs.LatencyBucketsErr)
+			}
+			continue
+		}
+		if obs.LatencyBucketsErr != nil || len(obs.LatencyBuckets) != len(w) {
+			t.Errorf("%s: buckets %v (error %v), want %v", obs.Name, obs.LatencyBuckets, obs.LatencyBucketsErr, w)
+			continue
+		}
+		for i, b := range obs.LatencyBuckets {
+			if b.UpperBoundSeconds != w[i].UpperBoundSeconds || math.Abs(b.Count-w[i].Count) > 0.01*w[i].Count {
+				t.Errorf("%s bucket %d: %+v, want %+v (all %v)", obs.Name, i, b, w[i], obs.LatencyBuckets)
+			}
+		}
+	}
+	histograms := 0
+	for _, q := range batch.Queries {
+		if q.Name == histogramQueryName {
+			histograms++
+			if q.Series != 8 {
+				t.Errorf("the histogram query returned %d series, want 8 (4 buckets of 2 pods)", q.Series)
+			}
+		}
+	}
+	if histograms != 1 {
+		t.Errorf("%d histogram queries for 4 pods in 2 namespaces, want 1", histograms)
+	}
+
+	t.Run("disabled, no query is sent and no pod has buckets", func(t *testing.T) {
+		off, _ := newTestSource(t, Config{URL: vm.URL, DisableLatencyHistogram: true})
+		batch, err := off.Fetch(context.Background(), Request{Pods: fleetPods()[:2], Now: now, Window: testWindow, Interval: testInterval})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range batch.Queries {
+			if q.Name == histogramQueryName {
+				t.Errorf("histogram query sent while disabled: %s", q.Text)
+			}
+		}
+		for _, obs := range batch.Observations {
+			if obs.LatencyBuckets != nil || obs.LatencyBucketsErr != nil {
+				t.Errorf("%s: buckets %v, error %v while disabled", obs.Name, obs.LatencyBuckets, obs.LatencyBucketsErr)
+			}
+		}
+	})
 }

@@ -114,6 +114,12 @@ const (
 
 	DefaultLatencyP99Query = `histogram_quantile(0.99, sum by ({{.Labels.Namespace}}, {{.Labels.Pod}}, le) (rate(istio_request_duration_milliseconds_bucket{` + istioSelector + `}[{{.Window}}]))) / 1000`
 
+	// DefaultLatencyHistogramQuery returns each pod's cumulative server-side latency histogram
+	// over the window, one series per pod and bucket bound (le, in milliseconds as Istio
+	// exports it). It is one query for every pod of the cycle, sent unless the source is
+	// configured without it (Config.DisableLatencyHistogram).
+	DefaultLatencyHistogramQuery = `sum by ({{.Labels.Namespace}}, {{.Labels.Pod}}, le) (increase(istio_request_duration_milliseconds_bucket{` + istioSelector + `}[{{.Window}}]))`
+
 	// Freshness probes: the timestamp of each pod's newest raw sample. All Istio signals come from
 	// the same sidecar scrape, so they share one probe (identical renders are sent once).
 	DefaultCPUFreshnessQuery   = `max by ({{.Labels.Namespace}}, {{.Labels.Pod}}) (timestamp(container_cpu_usage_seconds_total{` + cpuSelector + `}))`

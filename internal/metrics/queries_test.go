@@ -28,6 +28,10 @@ func TestRenderQuery_DefaultQueries(t *testing.T) {
 			DefaultLatencyP99Query,
 			`histogram_quantile(0.99, sum by (namespace, pod, le) (rate(istio_request_duration_milliseconds_bucket{reporter="destination", namespace=~"pay\\.eu|shop", pod=~".+"}[1m]))) / 1000`,
 		},
+		"latency histogram keeps each pod's buckets over the window": {
+			DefaultLatencyHistogramQuery,
+			`sum by (namespace, pod, le) (increase(istio_request_duration_milliseconds_bucket{reporter="destination", namespace=~"pay\\.eu|shop", pod=~".+"}[1m]))`,
+		},
 		"cpu freshness probe takes the newest raw sample": {
 			DefaultCPUFreshnessQuery,
 			`max by (namespace, pod) (timestamp(container_cpu_usage_seconds_total{namespace=~"pay\\.eu|shop", pod=~".+", container!="", container!="POD", container!="istio-proxy"}))`,

@@ -90,6 +90,19 @@ type Observation struct {
 	RequestRate       Sample
 	ErrorRate         Sample
 	LatencyP99Seconds Sample
+	// LatencyBuckets is the pod's cumulative server-side latency histogram over the window,
+	// sorted by bound, bounds in seconds; the +Inf bucket is included when the TSDB has it.
+	// Empty when the histogram query is disabled, failed, or has no usable series for the pod;
+	// LatencyBucketsErr then says why (nil when disabled).
+	LatencyBuckets    []LatencyBucket
+	LatencyBucketsErr error
+}
+
+// LatencyBucket is one cumulative histogram bucket: Count requests completed within
+// UpperBoundSeconds.
+type LatencyBucket struct {
+	UpperBoundSeconds float64
+	Count             float64
 }
 
 // Sample returns the observation's sample for a signal.
@@ -109,7 +122,8 @@ func (o *Observation) Sample(s Signal) *Sample {
 
 // Query is one PromQL request sent in a cycle.
 type Query struct {
-	// Name is "cpu", "requestRate", ... for value queries and "freshness:<signal>" for probes.
+	// Name is "cpu", "requestRate", ... for value queries, "freshness" for probes and
+	// "latencyHistogram" for the per-pod latency histogram.
 	Name string
 	// Signals are the signals this query served.
 	Signals []Signal
