@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -600,31 +601,16 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 			live[client.ObjectKeyFromObject(&present[i])] = true
 		}
 	}
-	for key := range w.states {
-		if !live[key] {
-			delete(w.states, key)
-		}
-	}
-	for key := range w.lastRun {
-		if !live[key] {
-			delete(w.lastRun, key)
-		}
-	}
-	for key := range w.lastStatusWrite {
-		if !live[key] {
-			delete(w.lastStatusWrite, key)
-		}
-	}
-	for key := range w.known {
-		if !live[key] {
-			delete(w.known, key)
-		}
-	}
-	for key := range w.rateHistory {
-		if !live[key] {
-			delete(w.rateHistory, key)
-		}
-	}
+	dropGone(w.states, live)
+	dropGone(w.lastRun, live)
+	dropGone(w.lastStatusWrite, live)
+	dropGone(w.known, live)
+	dropGone(w.rateHistory, live)
+}
+
+// dropGone deletes the entries of AdaptiveLoadBalancers that are not live.
+func dropGone[V any](m map[types.NamespacedName]V, live map[types.NamespacedName]bool) {
+	maps.DeleteFunc(m, func(key types.NamespacedName, _ V) bool { return !live[key] })
 }
 
 // fetchResult is one batched fetch, shared by every target with the same interval.
