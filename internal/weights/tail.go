@@ -72,25 +72,29 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	if floors >= 1 || ceilings < 1 {
 		return nil, false
 	}
-	// The latency grid position of t for each group, computed once per threshold.
-	posFor := make([]float64, len(groups))
-	posAt := math.NaN()
+	// Each group's tail at threshold t for every tabulated load, computed once per threshold:
+	// the search reads one threshold at many loads.
+	columns := make([][]float64, len(groups))
+	for gi := range groups {
+		columns[gi] = make([]float64, len(modelUtilizations))
+	}
+	columnsAt := math.NaN()
 	tailMass := func(gi int, x, t float64) float64 {
 		g := groups[gi]
 		if x <= 0 {
 			return 0
 		}
-		if t != posAt {
+		if t != columnsAt {
 			for k, h := range groups {
-				posFor[k] = timePosition(t / h.cost)
+				h.model.column(timePosition(t/h.cost), columns[k])
 			}
-			posAt = t
+			columnsAt = t
 		}
 		if t <= 0 {
 			return x
 		}
 		u := g.loadScale * x * load / float64(len(g.members)) / g.capacity
-		return x * g.model.tailAt(posFor[gi], u)
+		return x * tailFromColumn(columns[gi], u)
 	}
 	budget := 1 - p.Quantile
 	// allocate splits the load for a latency threshold t, each step adding load where it adds
@@ -100,17 +104,17 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		x := append([]float64(nil), lo...)
 		mass := make([]float64, len(groups)) // each group's mass above t at its current share
 		next := make([]float64, len(groups)) // and with one more step
+		step := (1 - floors) / steps
 		for gi := range groups {
 			mass[gi] = tailMass(gi, x[gi], t)
+			next[gi] = tailMass(gi, x[gi]+step, t)
 		}
-		step := (1 - floors) / steps
 		for k := 0; k < steps; k++ {
 			best, bestCost := -1, math.Inf(1)
 			for gi := range groups {
 				if x[gi]+step > hi[gi]+1e-12 {
 					continue
 				}
-				next[gi] = tailMass(gi, x[gi]+step, t)
 				if c := next[gi] - mass[gi]; c < bestCost {
 					best, bestCost = gi, c
 				}
@@ -120,6 +124,8 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			}
 			x[best] += step
 			mass[best] = next[best]
+			// Only the group that moved has a new next step; the others' stand.
+			next[best] = tailMass(best, x[best]+step, t)
 		}
 		var total float64
 		for gi := range groups {
