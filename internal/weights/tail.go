@@ -79,22 +79,49 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		columns[gi] = make([]float64, len(modelUtilizations))
 	}
 	columnsAt := math.NaN()
-	tailMass := func(gi int, x, t float64) float64 {
-		g := groups[gi]
-		if x <= 0 {
-			return 0
-		}
+	setThreshold := func(t float64) {
 		if t != columnsAt {
 			for k, h := range groups {
 				h.model.column(timePosition(t/h.cost), columns[k])
 			}
 			columnsAt = t
 		}
+	}
+	members := make([]float64, len(groups))
+	for gi, g := range groups {
+		members[gi] = float64(len(g.members))
+	}
+	// massAt is group gi's mass above the threshold last set, at share x.
+	massAt := func(gi int, x float64) float64 {
+		if x <= 0 {
+			return 0
+		}
+		g := groups[gi]
+		u := g.loadScale * x * load / members[gi] / g.capacity
+		return x * tailFromColumn(columns[gi], u)
+	}
+	// directTailMass equals tailMass without the columns: for reading each group once per
+	// threshold, as the quantile's bisection does, a column would cost twenty reads for one.
+	directTailMass := func(gi int, x, t float64) float64 {
+		if x <= 0 {
+			return 0
+		}
 		if t <= 0 {
 			return x
 		}
-		u := g.loadScale * x * load / float64(len(g.members)) / g.capacity
-		return x * tailFromColumn(columns[gi], u)
+		g := groups[gi]
+		u := g.loadScale * x * load / members[gi] / g.capacity
+		return x * g.model.tailAt(timePosition(t/g.cost), u)
+	}
+	tailMass := func(gi int, x, t float64) float64 {
+		if x <= 0 {
+			return 0
+		}
+		setThreshold(t)
+		if t <= 0 {
+			return x
+		}
+		return massAt(gi, x)
 	}
 	budget := 1 - p.Quantile
 	// allocate splits the load for a latency threshold t, each step adding load where it adds
@@ -108,6 +135,12 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		for gi := range groups {
 			mass[gi] = tailMass(gi, x[gi], t)
 			next[gi] = tailMass(gi, x[gi]+step, t)
+		}
+		// The threshold is fixed from here on: the steps read the columns directly.
+		stepMass := tailMass
+		if t > 0 {
+			setThreshold(t)
+			stepMass = func(gi int, x, _ float64) float64 { return massAt(gi, x) }
 		}
 		for k := 0; k < steps; k++ {
 			best, bestCost := -1, math.Inf(1)
@@ -125,7 +158,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			x[best] += step
 			mass[best] = next[best]
 			// Only the group that moved has a new next step; the others' stand.
-			next[best] = tailMass(best, x[best]+step, t)
+			next[best] = stepMass(best, x[best]+step, t)
 		}
 		var total float64
 		for gi := range groups {
@@ -169,7 +202,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			mid := (lo + hi) / 2
 			var m float64
 			for gi := range groups {
-				m += tailMass(gi, x[gi], mid)
+				m += directTailMass(gi, x[gi], mid)
 			}
 			if m <= budget {
 				hi = mid
