@@ -197,7 +197,7 @@ func rowAt(row []float64, pos float64) float64 {
 // a guess on the table's 0.05 spacing (the table is strictly increasing, so the walk ends there).
 func utilizationIndex(u float64) int {
 	us := modelUtilizations
-	i := min(max(int(u*20), 1), len(us)-1)
+	i := min(max(int(u*20)+1, 1), len(us)-1)
 	for i > 1 && us[i-1] >= u {
 		i--
 	}

@@ -137,11 +137,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			next[gi] = tailMass(gi, x[gi]+step, t)
 		}
 		// The threshold is fixed from here on: the steps read the columns directly.
-		stepMass := tailMass
-		if t > 0 {
-			setThreshold(t)
-			stepMass = func(gi int, x, _ float64) float64 { return massAt(gi, x) }
-		}
+		setThreshold(t)
 		for k := 0; k < steps; k++ {
 			best, bestCost := -1, math.Inf(1)
 			for gi := range groups {
@@ -158,7 +154,13 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			x[best] += step
 			mass[best] = next[best]
 			// Only the group that moved has a new next step; the others' stand.
-			next[best] = stepMass(best, x[best]+step, t)
+			if xb := x[best] + step; t > 0 && xb > 0 {
+				g := groups[best]
+				u := g.loadScale * xb * load / members[best] / g.capacity
+				next[best] = xb * tailFromColumn(columns[best], u)
+			} else {
+				next[best] = tailMass(best, xb, t)
+			}
 		}
 		var total float64
 		for gi := range groups {
