@@ -75,8 +75,9 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	// Each group's tail at threshold t for every tabulated load, computed once per threshold:
 	// the search reads one threshold at many loads.
 	columns := make([][]float64, len(groups))
+	columnCells := make([]float64, len(groups)*len(modelUtilizations))
 	for gi := range groups {
-		columns[gi] = make([]float64, len(modelUtilizations))
+		columns[gi] = columnCells[gi*len(modelUtilizations) : (gi+1)*len(modelUtilizations)]
 	}
 	columnsAt := math.NaN()
 	setThreshold := func(t float64) {
@@ -127,10 +128,11 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	// allocate splits the load for a latency threshold t, each step adding load where it adds
 	// the least mass above t, and returns the split and its mass above t.
 	const steps = 400
+	massBuf, nextBuf := make([]float64, len(groups)), make([]float64, len(groups))
 	allocate := func(t float64) ([]float64, float64) {
+		mass := massBuf // each group's mass above t at its current share
+		next := nextBuf // and with one more step
 		x := append([]float64(nil), lo...)
-		mass := make([]float64, len(groups)) // each group's mass above t at its current share
-		next := make([]float64, len(groups)) // and with one more step
 		step := (1 - floors) / steps
 		for gi := range groups {
 			mass[gi] = tailMass(gi, x[gi], t)
