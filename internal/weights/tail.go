@@ -2,6 +2,7 @@ package weights
 
 import (
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -80,10 +81,14 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		columns[gi] = columnCells[gi*len(modelUtilizations) : (gi+1)*len(modelUtilizations)]
 	}
 	columnsAt := math.NaN()
+	// noTail marks the groups whose model has no request slower than the threshold at any load:
+	// their mass is zero below the last tabulated load, whatever the share.
+	noTail := make([]bool, len(groups))
 	setThreshold := func(t float64) {
 		if t != columnsAt {
 			for k, h := range groups {
 				h.model.column(timePosition(t/h.cost), columns[k])
+				noTail[k] = !slices.ContainsFunc(columns[k], func(v float64) bool { return v != 0 })
 			}
 			columnsAt = t
 		}
@@ -159,7 +164,14 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			if xb := x[best] + step; t > 0 && xb > 0 {
 				g := groups[best]
 				u := g.loadScale * xb * load / members[best] / g.capacity
-				next[best] = xb * tailFromColumn(columns[best], u)
+				switch {
+				case !noTail[best]:
+					next[best] = xb * tailFromColumn(columns[best], u)
+				case u > maxModelUtilization:
+					next[best] = xb // tailFromColumn's 1 beyond the table
+				default:
+					next[best] = 0 // xb × an interpolation between zeros
+				}
 			} else {
 				next[best] = tailMass(best, xb, t)
 			}
