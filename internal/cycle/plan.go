@@ -9,8 +9,11 @@ package cycle
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
@@ -89,11 +92,32 @@ type Outcome struct {
 // Plan decides this cycle for every target. budget bounds the number of ActionWrite outcomes
 // (0 means unlimited). It returns one outcome per target, in input order, and the new states.
 func Plan(now time.Time, targets []Target, states map[string]State, budget int) ([]Outcome, map[string]State) {
-	next := make(map[string]State, len(targets))
 	outcomes := make([]Outcome, len(targets))
+	decided := make([]State, len(targets))
+	// Each target's decision depends on its own input and state only, so the targets are
+	// decided on every CPU the process may use: the tail algorithm's search costs about a
+	// quarter of a millisecond per Service. Results are stored by index, so the plan is the
+	// same whatever the order the workers finish in.
+	workers := min(runtime.GOMAXPROCS(0), len(targets))
+	var nextTarget atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(nextTarget.Add(1) - 1)
+				if i >= len(targets) {
+					return
+				}
+				outcomes[i], decided[i] = decide(now, targets[i], states[targets[i].Key])
+			}
+		}()
+	}
+	wg.Wait()
+	next := make(map[string]State, len(targets))
 	for i, t := range targets {
-		st := states[t.Key]
-		outcomes[i], next[t.Key] = decide(now, t, st)
+		next[t.Key] = decided[i]
 	}
 	applyBudget(now, outcomes, targets, states, next, budget)
 	return outcomes, next

@@ -278,3 +278,36 @@ func TestPlan_EndpointsWithoutMetricsFollowThePeerRule(t *testing.T) {
 		}
 	})
 }
+
+// Plan decides the targets on several goroutines; each outcome and state must be the one its
+// own target gets when decided alone, in input order, whatever order the workers ran in.
+func TestPlan_ConcurrentDecisionsEqualOneByOne(t *testing.T) {
+	var targets []Target
+	for i := range 40 {
+		eps := skewed(100, 100, 100+i)
+		for j := range eps {
+			eps[j].RequestRate = 50 + float64(7*i+3*j)
+		}
+		tg := target(fmt.Sprintf("ns/svc-%d", i), eps)
+		tg.Settings = weights.DefaultSettings(weights.AlgorithmTail)
+		if i%5 == 0 {
+			tg.Settings = weights.DefaultSettings(weights.AlgorithmCapacity)
+		}
+		targets = append(targets, tg)
+	}
+	outs, states := Plan(t0, targets, nil, 0)
+	if len(outs) != len(targets) || len(states) != len(targets) {
+		t.Fatalf("got %d outcomes and %d states for %d targets", len(outs), len(states), len(targets))
+	}
+	for i, tg := range targets {
+		want, wantState := decide(t0, tg, State{})
+		if outs[i].Key != tg.Key || outs[i].Action != want.Action || outs[i].Reason != want.Reason ||
+			fmt.Sprint(outs[i].Decision.Weights()) != fmt.Sprint(want.Decision.Weights()) {
+			t.Fatalf("target %s: concurrent plan gave %s %v (%s), alone it gets %s %v (%s)", tg.Key,
+				outs[i].Action, outs[i].Decision.Weights(), outs[i].Reason, want.Action, want.Decision.Weights(), want.Reason)
+		}
+		if states[tg.Key] != wantState {
+			t.Fatalf("target %s: concurrent state %+v, alone %+v", tg.Key, states[tg.Key], wantState)
+		}
+	}
+}

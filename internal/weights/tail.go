@@ -2,6 +2,7 @@ package weights
 
 import (
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -72,45 +73,84 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	if floors >= 1 || ceilings < 1 {
 		return nil, false
 	}
-	// The latency grid position of t for each group, computed once per threshold.
-	posFor := make([]float64, len(groups))
-	posAt := math.NaN()
-	tailMass := func(gi int, x, t float64) float64 {
-		g := groups[gi]
+	// Each group's tail at threshold t for every tabulated load, computed once per threshold:
+	// the search reads one threshold at many loads.
+	columns := make([][]float64, len(groups))
+	columnCells := make([]float64, len(groups)*len(modelUtilizations))
+	for gi := range groups {
+		columns[gi] = columnCells[gi*len(modelUtilizations) : (gi+1)*len(modelUtilizations)]
+	}
+	columnsAt := math.NaN()
+	// noTail marks the groups whose model has no request slower than the threshold at any load:
+	// their mass is zero below the last tabulated load, whatever the share.
+	noTail := make([]bool, len(groups))
+	setThreshold := func(t float64) {
+		if t != columnsAt {
+			for k, h := range groups {
+				h.model.column(timePosition(t/h.cost), columns[k])
+				noTail[k] = !slices.ContainsFunc(columns[k], func(v float64) bool { return v != 0 })
+			}
+			columnsAt = t
+		}
+	}
+	members := make([]float64, len(groups))
+	for gi, g := range groups {
+		members[gi] = float64(len(g.members))
+	}
+	// massAt is group gi's mass above the threshold last set, at share x.
+	massAt := func(gi int, x float64) float64 {
 		if x <= 0 {
 			return 0
 		}
-		if t != posAt {
-			for k, h := range groups {
-				posFor[k] = timePosition(t / h.cost)
-			}
-			posAt = t
+		g := groups[gi]
+		u := g.loadScale * x * load / members[gi] / g.capacity
+		return x * tailFromColumn(columns[gi], u)
+	}
+	// directTailMass equals tailMass without the columns: for reading each group once per
+	// threshold, as the quantile's bisection does, a column would cost twenty reads for one.
+	directTailMass := func(gi int, x, t float64) float64 {
+		if x <= 0 {
+			return 0
 		}
 		if t <= 0 {
 			return x
 		}
-		u := g.loadScale * x * load / float64(len(g.members)) / g.capacity
-		return x * g.model.tailAt(posFor[gi], u)
+		g := groups[gi]
+		u := g.loadScale * x * load / members[gi] / g.capacity
+		return x * g.model.tailAt(timePosition(t/g.cost), u)
+	}
+	tailMass := func(gi int, x, t float64) float64 {
+		if x <= 0 {
+			return 0
+		}
+		setThreshold(t)
+		if t <= 0 {
+			return x
+		}
+		return massAt(gi, x)
 	}
 	budget := 1 - p.Quantile
 	// allocate splits the load for a latency threshold t, each step adding load where it adds
 	// the least mass above t, and returns the split and its mass above t.
 	const steps = 400
+	massBuf, nextBuf := make([]float64, len(groups)), make([]float64, len(groups))
 	allocate := func(t float64) ([]float64, float64) {
+		mass := massBuf // each group's mass above t at its current share
+		next := nextBuf // and with one more step
 		x := append([]float64(nil), lo...)
-		mass := make([]float64, len(groups)) // each group's mass above t at its current share
-		next := make([]float64, len(groups)) // and with one more step
+		step := (1 - floors) / steps
 		for gi := range groups {
 			mass[gi] = tailMass(gi, x[gi], t)
+			next[gi] = tailMass(gi, x[gi]+step, t)
 		}
-		step := (1 - floors) / steps
+		// The threshold is fixed from here on: the steps read the columns directly.
+		setThreshold(t)
 		for k := 0; k < steps; k++ {
 			best, bestCost := -1, math.Inf(1)
 			for gi := range groups {
 				if x[gi]+step > hi[gi]+1e-12 {
 					continue
 				}
-				next[gi] = tailMass(gi, x[gi]+step, t)
 				if c := next[gi] - mass[gi]; c < bestCost {
 					best, bestCost = gi, c
 				}
@@ -120,6 +160,21 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			}
 			x[best] += step
 			mass[best] = next[best]
+			// Only the group that moved has a new next step; the others' stand.
+			if xb := x[best] + step; t > 0 && xb > 0 {
+				g := groups[best]
+				u := g.loadScale * xb * load / members[best] / g.capacity
+				switch {
+				case !noTail[best]:
+					next[best] = xb * tailFromColumn(columns[best], u)
+				case u > maxModelUtilization:
+					next[best] = xb // tailFromColumn's 1 beyond the table
+				default:
+					next[best] = 0 // xb × an interpolation between zeros
+				}
+			} else {
+				next[best] = tailMass(best, xb, t)
+			}
 		}
 		var total float64
 		for gi := range groups {
@@ -163,7 +218,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			mid := (lo + hi) / 2
 			var m float64
 			for gi := range groups {
-				m += tailMass(gi, x[gi], mid)
+				m += directTailMass(gi, x[gi], mid)
 			}
 			if m <= budget {
 				hi = mid

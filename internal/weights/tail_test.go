@@ -3,6 +3,7 @@ package weights
 import (
 	"fmt"
 	"math"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -244,5 +245,48 @@ func TestTail_SplitsAGroupByEachMembersCapacity(t *testing.T) {
 	}
 	if w := weightsOf(d); w[1] >= w[0] || w[0] != w[2] {
 		t.Fatalf("weights %v: want the costlier pod b below the equal a and c", w)
+	}
+}
+
+// The split's search finds a load's place in the table from a guess; it must be the place a
+// binary search finds, or the predictions (and so the weights) would change.
+func TestUtilizationIndexMatchesBinarySearch(t *testing.T) {
+	us := modelUtilizations
+	check := func(u float64) {
+		if u <= us[0] || u > maxModelUtilization {
+			return
+		}
+		if got, want := utilizationIndex(u), sort.SearchFloat64s(us, u); got != want {
+			t.Fatalf("utilizationIndex(%v) = %d, binary search gives %d", u, got, want)
+		}
+	}
+	for _, v := range us {
+		for _, u := range []float64{v, math.Nextafter(v, 0), math.Nextafter(v, 1), v + 0.025, v - 0.025} {
+			check(u)
+		}
+	}
+	for k := 0; k <= 100000; k++ {
+		check(float64(k) / 100000)
+	}
+}
+
+// Reading a tail through a column must give exactly what the model's direct read gives.
+func TestTailFromColumnEqualsTailAt(t *testing.T) {
+	m := &podModel{ccdf: make([][]float64, len(modelUtilizations))}
+	for i := range m.ccdf {
+		m.ccdf[i] = make([]float64, modelTimePoints)
+		for j := range m.ccdf[i] {
+			m.ccdf[i][j] = math.Exp(-float64(j) / (10 + 7*float64(i)) * (1 + 0.1*math.Sin(float64(i*j))))
+		}
+	}
+	col := make([]float64, len(modelUtilizations))
+	for _, pos := range []float64{-3, 0, 0.37, 12.5, 100.999, modelTimePoints - 1, 500} {
+		m.column(pos, col)
+		for k := 0; k <= 1000; k++ {
+			u := float64(k) / 1000
+			if got, want := tailFromColumn(col, u), m.tailAt(pos, u); got != want {
+				t.Fatalf("pos %v load %v: column gives %v, direct read %v", pos, u, got, want)
+			}
+		}
 	}
 }

@@ -116,8 +116,8 @@ func fleet(tb testing.TB, n int) []*service {
 
 // plan runs the engine, the dead band, the hold/fallback policy and the write budget for every
 // Service, as the operator's weight cycle does (the engine's endpoint IDs are pod IPs).
-func plan(tb testing.TB, fleet []*service, now time.Time) []cycle.Outcome {
-	settings := weights.DefaultSettings(weights.AlgorithmCapacity)
+func plan(tb testing.TB, fleet []*service, now time.Time, algorithm weights.Algorithm) []cycle.Outcome {
+	settings := weights.DefaultSettings(algorithm)
 	targets := make([]cycle.Target, len(fleet))
 	for i, s := range fleet {
 		eps := make([]weights.Endpoint, len(s.observed))
@@ -143,8 +143,8 @@ func plan(tb testing.TB, fleet []*service, now time.Time) []cycle.Outcome {
 // budget lets out, copy the applied ServiceEntry spec, set the decided weights on its endpoints
 // and diff it against the applied one, as the operator's weight writer does before patching.
 // It returns the number of writes and how many of them change the spec.
-func runCycle(tb testing.TB, fleet []*service, now time.Time) (writes, changed int) {
-	for i, o := range plan(tb, fleet, now) {
+func runCycle(tb testing.TB, fleet []*service, now time.Time, algorithm weights.Algorithm) (writes, changed int) {
+	for i, o := range plan(tb, fleet, now, algorithm) {
 		if o.Action != cycle.ActionWrite {
 			continue
 		}
@@ -191,29 +191,33 @@ func rebuildAll(tb testing.TB, fleet []*service, outcomes []cycle.Outcome) (diff
 // of the writes the budget lets out. The metrics fetch for 200,000 pods is measured in
 // internal/metrics. Target: < 1 s.
 //
-//	go test -run '^$' -bench 10kServices -benchtime 5x -benchmem ./test/scale/
+//	go test -run '^$' -bench 'WeightCycle_10kServices/capacity' -benchtime 5x -benchmem ./test/scale/
+//	go test -run '^$' -bench 'WeightCycle_10kServices/tail' -benchtime 5x -benchmem ./test/scale/
 func BenchmarkWeightCycle_10kServices(b *testing.B) {
 	f := fleet(b, services)
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	var writes, changed int
-	b.ReportAllocs()
-	b.ResetTimer()
-	peak, before := benchutil.PeakHeap(func() {
-		for b.Loop() {
-			writes, changed = runCycle(b, f, now)
-		}
-	})
-	b.StopTimer()
-	b.ReportMetric(float64(writes), "writes")
-	b.ReportMetric(float64(changed), "changed-SEs")
-	b.ReportMetric(float64(peak)/1e6, "peak-heap-MB")
-	b.ReportMetric(float64(before)/1e6, "fleet-heap-MB")
+	for _, algorithm := range []weights.Algorithm{weights.AlgorithmCapacity, weights.AlgorithmTail} {
+		b.Run(string(algorithm), func(b *testing.B) {
+			var writes, changed int
+			b.ReportAllocs()
+			b.ResetTimer()
+			peak, before := benchutil.PeakHeap(func() {
+				for b.Loop() {
+					writes, changed = runCycle(b, f, now, algorithm)
+				}
+			})
+			b.StopTimer()
+			b.ReportMetric(float64(writes), "writes")
+			b.ReportMetric(float64(changed), "changed-SEs")
+			b.ReportMetric(float64(peak)/1e6, "peak-heap-MB")
+			b.ReportMetric(float64(before)/1e6, "fleet-heap-MB")
+		})
+	}
 }
 
-// BenchmarkMirrorRebuild_10kServices rebuilds and diffs every Service's ServiceEntry at once.
 func BenchmarkMirrorRebuild_10kServices(b *testing.B) {
 	f := fleet(b, services)
-	outcomes := plan(b, f, time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC))
+	outcomes := plan(b, f, time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC), weights.AlgorithmCapacity)
 	var differ int
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -234,11 +238,11 @@ func BenchmarkMirrorRebuild_10kServices(b *testing.B) {
 func TestWeightCycle_AtScaleDecidesAndBudgetsEveryService(t *testing.T) {
 	f := fleet(t, 200)
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
-	writes, changed := runCycle(t, f, now)
+	writes, changed := runCycle(t, f, now, weights.AlgorithmCapacity)
 	if writes != writeBudget || changed != writes {
 		t.Errorf("writes = %d (changed %d), want the budget %d, all changing the spec", writes, changed, writeBudget)
 	}
-	if differ := rebuildAll(t, f, plan(t, f, now)); differ != len(f) {
+	if differ := rebuildAll(t, f, plan(t, f, now, weights.AlgorithmCapacity)); differ != len(f) {
 		t.Errorf("%d of %d rebuilt ServiceEntries differ from the applied ones, want all: the diff misses changes", differ, len(f))
 	}
 }
