@@ -95,10 +95,12 @@ func Plan(now time.Time, targets []Target, states map[string]State, budget int) 
 	outcomes := make([]Outcome, len(targets))
 	decided := make([]State, len(targets))
 	// Each target's decision depends on its own input and state only, so the targets are
-	// decided on every CPU the process may use: the tail algorithm's search costs about a
-	// quarter of a millisecond per Service. Results are stored by index, so the plan is the
-	// same whatever the order the workers finish in.
-	workers := min(runtime.GOMAXPROCS(0), len(targets))
+	// decided in parallel: the tail algorithm's search costs about a quarter of a millisecond
+	// per Service. One CPU is left to the endpoint mirror, which must never wait behind the
+	// weights (and a burst on every CPU would spend the container's CFS quota for it).
+	// Results are stored by index, so the plan is the same whatever the order the workers
+	// finish in.
+	workers := max(1, min(runtime.GOMAXPROCS(0)-1, len(targets)))
 	var nextTarget atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
