@@ -131,6 +131,9 @@ func runSuite(m *testing.M) int {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme,
 	}
+	// Every test creates Services with a ClusterIP (Build mirrors the Service's address); the
+	// default /24 runs out when the suite runs with -count above 1.
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.0.0.0/16")
 	cfg, err := env.Start()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "start envtest: %v\n", err)
