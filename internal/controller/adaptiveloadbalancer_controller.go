@@ -185,6 +185,12 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	if winner, err := r.conflictWinner(ctx, alb); err != nil {
 		return mirrorOutcome{}, err
 	} else if winner != "" {
+		// The loser may own the ServiceEntry (both created in the same second, or it was
+		// reconciled before the cache listed the winner): nothing updates it while the conflict
+		// lasts, so it goes, and its deletion lets the winner take the name.
+		if err := r.deleteOwnedServiceEntry(ctx, alb, adlbv1.ReasonConflict); err != nil {
+			return mirrorOutcome{}, err
+		}
 		msg := fmt.Sprintf("AdaptiveLoadBalancer %s already targets Service %s; only the oldest one is served. Delete one of them.", winner, alb.Spec.TargetRef.Name)
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventConflict, msg)
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonConflict, message: msg}, nil
