@@ -590,9 +590,11 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 }
 
 // forget drops what the reconciler keeps in memory for an AdaptiveLoadBalancer that is gone or
-// going: its status throttle, a pending propagation measure and its per-endpoint weight series.
+// going: its status throttle, a pending propagation measure, its per-endpoint weight series and
+// its membership record (which the weight cycle also prunes, but no cycle runs without a TSDB).
 func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
 	r.lastStatusWrite.Delete(key)
+	r.Membership.Forget(key)
 	r.propagation.begin(key)
 	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)
 }

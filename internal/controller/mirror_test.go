@@ -569,3 +569,34 @@ func TestMirror_TheLoserOfAConflictRemovesTheServiceEntryItOwns(t *testing.T) {
 	f.waitForCondition("first", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonConflict)
 }
+
+// The mirror's membership record of a deleted AdaptiveLoadBalancer goes with it, also when no
+// weight cycle runs (no TSDB) to prune it: otherwise it grows with every deleted object, and one
+// re-created under the same name would start its endpoints at the old object's weights.
+func TestMirror_DeletingTheAdaptiveLoadBalancerDropsItsMembershipRecord(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.14.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.14.0.1"))
+	alb := f.alb("web", "web")
+	f.waitForAddresses("web", "10.14.0.1")
+	key := client.ObjectKeyFromObject(alb)
+	f.eventually("membership records the endpoint", func() error {
+		if !sharedMembership.listed(key, "10.14.0.1") {
+			return errNotYet
+		}
+		return nil
+	})
+	if err := k8s.Delete(f.ctx, alb); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("membership record dropped", func() error {
+		sharedMembership.mu.Lock()
+		defer sharedMembership.mu.Unlock()
+		if _, ok := sharedMembership.byKey[key]; ok {
+			return errNotYet
+		}
+		return nil
+	})
+}
