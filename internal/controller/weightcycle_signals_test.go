@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -63,9 +64,13 @@ func (lf *loopFixture) useCapacity() {
 // updateALB changes the spec and waits until the operator's cache has the new generation.
 func (lf *loopFixture) updateALB(name string, change func(*adlbv1.AdaptiveLoadBalancer)) {
 	lf.t.Helper()
-	a := lf.get(name)
-	change(a)
-	if err := k8s.Update(lf.ctx, a); err != nil {
+	// The operator writes the status meanwhile: retry on a conflict, as kubectl edit does.
+	var a *adlbv1.AdaptiveLoadBalancer
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		a = lf.get(name)
+		change(a)
+		return k8s.Update(lf.ctx, a)
+	}); err != nil {
 		lf.t.Fatal(err)
 	}
 	lf.eventually("the operator's cache sees the update", func() error {
