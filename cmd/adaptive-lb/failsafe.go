@@ -169,6 +169,7 @@ type watchdog struct {
 	namespaces []string
 
 	seen       bool
+	confirmed  bool      // the record has been read unchanged at least twice
 	lastRecord string    // holder and renew time as last read ("" for no Lease)
 	lastChange time.Time // when lastRecord last changed, by this process's clock
 	fellBack   bool
@@ -191,7 +192,9 @@ func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time
 // check reads the Lease once and deletes the managed ServiceEntries if it is stale. Staleness is
 // measured by this process's clock, from when it saw the record change: clock skew between the
 // operator's node and this one does not matter. Only at the first reading, a renew time already
-// older than staleAfter counts (the watchdog restarted while the operator was down).
+// older than staleAfter counts (the watchdog restarted while the operator was down), and only
+// once a second reading finds the record unchanged: the renew time is the operator's clock, and
+// an operator whose node runs minutes behind would look stale at the first reading.
 func (w *watchdog) check(ctx context.Context) {
 	now := w.clock.Now()
 	record, renewed, err := w.leaseRecord(ctx)
@@ -205,10 +208,12 @@ func (w *watchdog) check(ctx context.Context) {
 		if !w.seen && !renewed.IsZero() && renewed.Before(now) {
 			w.lastChange = renewed
 		}
-		w.seen, w.lastRecord = true, record
+		w.seen, w.lastRecord, w.confirmed = true, record, false
+	} else {
+		w.confirmed = true
 	}
 	idle := now.Sub(w.lastChange)
-	if idle < w.staleAfter {
+	if idle < w.staleAfter || !w.confirmed {
 		if w.fellBack {
 			w.logger.Info("the operator renews its lease again; it re-creates the ServiceEntries", "lease", w.lease, "record", record)
 			w.fellBack = false

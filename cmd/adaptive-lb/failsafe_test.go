@@ -12,11 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
 
 func TestFailsafe_RejectsBadFlags(t *testing.T) {
@@ -224,5 +231,64 @@ func TestDeployFlags_TheWatchdogAndHookFlagsExist(t *testing.T) {
 				t.Errorf("%s: flag %q was not parsed as set", name, flag)
 			}
 		}
+	}
+}
+
+// A watchdog that starts while the operator is healthy must not take the renew time, written by
+// the operator's clock, as a verdict: with the operator's node minutes behind, a fresh lease
+// looks stale at the first reading. Only a record seen unchanged across checks counts; a lease
+// left by an operator that is really down is still acted on, one check later.
+func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *testing.T) {
+	admin, _, _ := operatorEnv(t, nil)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakePassiveClock(now)
+	skew := 10 * time.Minute // the operator's node is this far behind
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb.adaptivelb.io", Namespace: operatorNamespace},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("op-1"), LeaseDurationSeconds: ptr.To[int32](15),
+			RenewTime: &metav1.MicroTime{Time: now.Add(-skew)}}}
+	if err := admin.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: operatorNamespace,
+		Labels: map[string]string{controller.ManagedByLabel: controller.ManagedByValue}}}
+	se.Spec.Hosts = []string{"web.example.internal"}
+	if err := admin.Create(ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	present := func() bool {
+		err := admin.Get(ctx, types.NamespacedName{Namespace: operatorNamespace, Name: "web"}, &networkingv1.ServiceEntry{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
+		lease: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
+
+	w.check(ctx)
+	if !present() {
+		t.Fatal("the first check deleted the ServiceEntry of an operator whose only fault is its clock")
+	}
+	// The operator renews (by its own clock) before the next check.
+	clk.SetTime(now.Add(15 * time.Second))
+	lease.Spec.RenewTime = &metav1.MicroTime{Time: now.Add(-skew + 14*time.Second)}
+	if err := admin.Update(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	w.check(ctx)
+	if !present() {
+		t.Fatal("the watchdog deleted the ServiceEntry of an operator that renews its lease")
+	}
+
+	// A watchdog that starts after the operator died: the record stays as it is, and the next
+	// check deletes.
+	w2 := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
+		lease: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
+	w2.check(ctx)
+	clk.SetTime(now.Add(30 * time.Second))
+	w2.check(ctx)
+	if present() {
+		t.Fatal("the watchdog kept the ServiceEntries of an operator that stopped renewing long ago")
 	}
 }

@@ -242,17 +242,18 @@ func (o *runOptions) run(ctx context.Context) error {
 	wait := o.retryPeriod
 	for {
 		err := o.runManager(ctx, cfg, scheme, shared, base, logger)
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			return err
-		case isLeadershipLost(err):
+		}
+		switch afterManagerStopped(err, rejoining) {
+		case rejoinElection:
 			// The lease could not be renewed in time, typically because the API server was
 			// unreachable for longer than the renew deadline; another replica may lead now.
 			// Stepping down is controller-runtime's job; restarting the process is not: a
 			// fresh manager rejoins the election as a standby and rebuilds its caches.
 			logger.Error(err, "lost the leader lease; rejoining the election as a standby without restarting")
 			rejoining, wait = true, o.retryPeriod
-		case rejoining && err != nil:
+		case retryRejoin:
 			// Rebuilding needs the API server, which may still be down: keep trying. That
 			// includes a missing ServiceEntry CRD: a restarted API server serves discovery for
 			// CRDs only once it has loaded them, so for a moment Istio's CRDs look absent.
@@ -266,6 +267,32 @@ func (o *runOptions) run(ctx context.Context) error {
 			return nil
 		case <-time.After(wait):
 		}
+	}
+}
+
+// managerStopped is what the process does once a manager has returned.
+type managerStopped int
+
+const (
+	exitProcess    managerStopped = iota
+	rejoinElection                // the lease was lost: build a new manager as a standby
+	retryRejoin                   // rebuilding after a lost lease failed: try again
+)
+
+// afterManagerStopped decides, from the error a manager returned and whether the process is
+// rejoining after a lost lease, whether to build another manager.
+func afterManagerStopped(err error, rejoining bool) managerStopped {
+	switch {
+	case errors.Is(err, errWorkersStuck):
+		// Never build a manager beside workers that still run, also while rejoining: two
+		// writers would undo each other. Exiting lets Kubernetes restart the process.
+		return exitProcess
+	case isLeadershipLost(err):
+		return rejoinElection
+	case rejoining && err != nil:
+		return retryRejoin
+	default:
+		return exitProcess
 	}
 }
 
@@ -384,13 +411,16 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	waitCtx, cancel := context.WithTimeout(context.Background(), maxWorkerDrain)
 	defer cancel()
 	if err := activity.CloseAndWait(waitCtx); err != nil {
-		return fmt.Errorf("the stopped manager's reconciles did not return within %v: %w", maxWorkerDrain, err)
+		return fmt.Errorf("%w within %v: %w", errWorkersStuck, maxWorkerDrain, err)
 	}
 	if startErr != nil {
 		return fmt.Errorf("operator stopped: %w", startErr)
 	}
 	return nil
 }
+
+// errWorkersStuck: a stopped manager's reconciles or weight cycle did not return.
+var errWorkersStuck = errors.New("the stopped manager's reconciles did not return")
 
 // maxWorkerDrain bounds the wait for a stopped manager's reconciles and weight cycle. Past it
 // the process exits with an error (and Kubernetes restarts it) rather than run two writers.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -132,4 +134,29 @@ func TestRun_WaitsForItsOwnCRDInsteadOfCrashing(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatal("the operator never reconciled after its CRD was installed")
+}
+
+// After a lost lease the process builds a new manager only once the old one's workers have
+// returned. A drain that times out ends the process, also on a later loss while rejoining:
+// building a manager beside a stuck reconcile runs two writers of the same ServiceEntries.
+func TestRun_StuckWorkersEndTheProcessInsteadOfASecondManager(t *testing.T) {
+	lost := errors.New("leader election lost")
+	stuck := fmt.Errorf("%w within %v: %w", errWorkersStuck, maxWorkerDrain, context.DeadlineExceeded)
+	for _, c := range []struct {
+		name      string
+		err       error
+		rejoining bool
+		want      managerStopped
+	}{
+		{"lease lost", lost, false, rejoinElection},
+		{"lease lost again", lost, true, rejoinElection},
+		{"rebuild failed while rejoining", errors.New("connection refused"), true, retryRejoin},
+		{"error at the first start", errors.New("connection refused"), false, exitProcess},
+		{"workers stuck", stuck, false, exitProcess},
+		{"workers stuck while rejoining", stuck, true, exitProcess},
+	} {
+		if got := afterManagerStopped(c.err, c.rejoining); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
 }

@@ -185,6 +185,12 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	if winner, err := r.conflictWinner(ctx, alb); err != nil {
 		return mirrorOutcome{}, err
 	} else if winner != "" {
+		// The loser may own the ServiceEntry (both created in the same second, or it was
+		// reconciled before the cache listed the winner): nothing updates it while the conflict
+		// lasts, so it goes, and its deletion lets the winner take the name.
+		if err := r.deleteOwnedServiceEntry(ctx, alb, adlbv1.ReasonConflict); err != nil {
+			return mirrorOutcome{}, err
+		}
 		msg := fmt.Sprintf("AdaptiveLoadBalancer %s already targets Service %s; only the oldest one is served. Delete one of them.", winner, alb.Spec.TargetRef.Name)
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventConflict, msg)
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonConflict, message: msg}, nil
@@ -584,9 +590,11 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 }
 
 // forget drops what the reconciler keeps in memory for an AdaptiveLoadBalancer that is gone or
-// going: its status throttle, a pending propagation measure and its per-endpoint weight series.
+// going: its status throttle, a pending propagation measure, its per-endpoint weight series and
+// its membership record (which the weight cycle also prunes, but no cycle runs without a TSDB).
 func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
 	r.lastStatusWrite.Delete(key)
+	r.Membership.Forget(key)
 	r.propagation.begin(key)
 	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)
 }

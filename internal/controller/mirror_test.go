@@ -528,3 +528,75 @@ func TestMirror_AServiceThatBecomesUnsupportedLosesItsServiceEntry(t *testing.T)
 		return nil
 	})
 }
+
+// An AdaptiveLoadBalancer that loses a Conflict while it owns the Service's ServiceEntry (both
+// created in the same second, the tie going by name, or the newer one reconciled before the
+// cache listed the older) must remove that ServiceEntry: nothing else updates it while the
+// conflict lasts, so it would route to the endpoints of the moment it lost, and the winner
+// would stay blocked on ServiceEntryNotOwned.
+func TestMirror_TheLoserOfAConflictRemovesTheServiceEntryItOwns(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.alb("first", "shared")
+	f.waitForCondition("first", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonTargetNotFound)
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
+	loser := f.alb("second", "shared")
+	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonConflict)
+
+	// The state the race leaves: the newer AdaptiveLoadBalancer controls the ServiceEntry.
+	frozen := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "shared", Namespace: f.ns,
+		Labels: map[string]string{ManagedByLabel: ManagedByValue, ServiceEntryOwnerLabel: loser.Name},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: adlbv1.GroupVersion.String(), Kind: "AdaptiveLoadBalancer",
+			Name: loser.Name, UID: loser.UID, Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}}}
+	frozen.Spec.Hosts = []string{"shared." + f.ns + ".svc.cluster.local"}
+	frozen.Spec.Location = apinetworkingv1.ServiceEntry_MESH_INTERNAL
+	frozen.Spec.Resolution = apinetworkingv1.ServiceEntry_STATIC
+	frozen.Spec.Ports = []*apinetworkingv1.ServicePort{{Number: 80, Name: "http", Protocol: "HTTP"}}
+	frozen.Spec.Endpoints = []*apinetworkingv1.WorkloadEntry{{Address: "10.13.0.99", Weight: 7}} // a pod long gone
+	f.create(frozen)
+
+	f.service("shared")
+	f.pod("shared", "shared-1", "10.13.0.1")
+	f.slice("shared", "shared-x", ready("shared-1", "10.13.0.1"))
+	se := f.waitForAddresses("shared", "10.13.0.1")
+	first := &adlbv1.AdaptiveLoadBalancer{}
+	if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "first"}, first); err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(se); ref == nil || ref.UID != first.UID {
+		t.Fatalf("ServiceEntry controlled by %v, want the winner %s", ref, first.UID)
+	}
+	f.waitForCondition("first", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonConflict)
+}
+
+// The mirror's membership record of a deleted AdaptiveLoadBalancer goes with it, also when no
+// weight cycle runs (no TSDB) to prune it: otherwise it grows with every deleted object, and one
+// re-created under the same name would start its endpoints at the old object's weights.
+func TestMirror_DeletingTheAdaptiveLoadBalancerDropsItsMembershipRecord(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.14.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.14.0.1"))
+	alb := f.alb("web", "web")
+	f.waitForAddresses("web", "10.14.0.1")
+	key := client.ObjectKeyFromObject(alb)
+	f.eventually("membership records the endpoint", func() error {
+		if !sharedMembership.listed(key, "10.14.0.1") {
+			return errNotYet
+		}
+		return nil
+	})
+	if err := k8s.Delete(f.ctx, alb); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("membership record dropped", func() error {
+		sharedMembership.mu.Lock()
+		defer sharedMembership.mu.Unlock()
+		if _, ok := sharedMembership.byKey[key]; ok {
+			return errNotYet
+		}
+		return nil
+	})
+}

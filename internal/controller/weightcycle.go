@@ -991,6 +991,12 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 	}
 	var oldMetrics, metricsCond, weightsCond metav1.Condition
 	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		// The mirror may have deleted the ServiceEntry since this cycle read it (the Service
+		// became unsupported, say): WeightsApplied is then the mirror's NoServiceEntry, and a
+		// report on weights of a ServiceEntry that is gone would contradict it.
+		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || c.Status != metav1.ConditionTrue {
+			return false
+		}
 		before := alb.Status.DeepCopy()
 		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable); c != nil {
 			oldMetrics = *c

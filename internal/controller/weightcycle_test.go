@@ -14,6 +14,7 @@ import (
 	apinetworkingv1 "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -673,5 +674,58 @@ func TestWeightCycle_GivesTheEngineTheNodesAllocatableCPU(t *testing.T) {
 		if e.NodeCPUCores != want {
 			t.Errorf("%s: NodeCPUCores %v, want %v", e.ID, e.NodeCPUCores, want)
 		}
+	}
+}
+
+// A cycle that decided while the ServiceEntry existed must not report on weights after the
+// mirror has deleted it (here the Service became unsupported meanwhile): WeightsApplied stays
+// the mirror's NoServiceEntry, not "applied" or "the ServiceEntry keeps its weights".
+func TestWeightCycle_StatusAfterTheMirrorDeletedTheServiceEntrySaysNoServiceEntry(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.run() // initialises the cycle's state
+	lf.clock.Step(loopInterval)
+	lf.loop.mu.Lock()
+	due, _, err := lf.loop.dueTargets(context.Background(), lf.clock.Now())
+	lf.loop.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d *dueTarget
+	for _, x := range due {
+		if x.key == lf.key() {
+			d = x
+		}
+	}
+	if d == nil {
+		t.Fatal("the fixture's AdaptiveLoadBalancer is not due")
+	}
+
+	// Meanwhile the Service changes into a shape the mirror cannot serve: it deletes the
+	// ServiceEntry and says so.
+	svc := &corev1.Service{}
+	if err := k8s.Get(lf.ctx, types.NamespacedName{Namespace: lf.ns, Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.Selector = nil
+	if err := k8s.Update(lf.ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
+
+	lf.loop.mu.Lock()
+	err = lf.loop.writeStatus(context.Background(), d, cycle.Outcome{Action: cycle.ActionWrite, Reason: "weights from the engine"}, lf.clock.Now())
+	lf.loop.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	alb := &adlbv1.AdaptiveLoadBalancer{}
+	if err := k8s.Get(lf.ctx, lf.key(), alb); err != nil {
+		t.Fatal(err)
+	}
+	if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionWeightsApplied); c == nil || c.Reason != adlbv1.ReasonNoServiceEntry {
+		t.Fatalf("WeightsApplied after the ServiceEntry was deleted: %+v", c)
+	}
+	if alb.Status.LastWeightWrite != nil {
+		t.Fatalf("lastWeightWrite %v for a ServiceEntry that is gone", alb.Status.LastWeightWrite)
 	}
 }
