@@ -41,47 +41,37 @@ func EngineSettings(alb *adlbv1.AdaptiveLoadBalancer) (weights.Settings, error) 
 		*target = v
 		return nil
 	}
+	type decimalField struct {
+		name   string
+		value  *adlbv1.Decimal
+		target *float64
+	}
+	var fields []decimalField
 	if c := alb.Spec.Capacity; c != nil {
-		for _, f := range []struct {
-			name string
-			d    *adlbv1.Decimal
-			t    *float64
-		}{
-			{"spec.capacity.gain", c.Gain, &s.Capacity.Gain},
-			{"spec.capacity.maxStepRatio", c.MaxStepRatio, &s.Capacity.MaxStepRatio},
-			{"spec.capacity.maxWeightRatio", c.MaxWeightRatio, &s.Capacity.MaxWeightRatio},
-			{"spec.capacity.deadBand", c.DeadBand, &s.Capacity.DeadBand},
-			{"spec.capacity.minRequestRate", c.MinRequestRate, &s.Capacity.MinRequestRate},
-			{"spec.capacity.planningLoadFactor", c.PlanningLoadFactor, &s.Capacity.PlanningLoadFactor},
-			{"spec.capacity.overloadLatencyRatio", c.OverloadLatencyRatio, &s.Capacity.OverloadLatencyRatio},
-		} {
-			if err := set(f.name, f.d, f.t); err != nil {
-				return weights.Settings{}, err
-			}
-		}
+		fields = append(fields,
+			decimalField{"spec.capacity.gain", c.Gain, &s.Capacity.Gain},
+			decimalField{"spec.capacity.maxStepRatio", c.MaxStepRatio, &s.Capacity.MaxStepRatio},
+			decimalField{"spec.capacity.maxWeightRatio", c.MaxWeightRatio, &s.Capacity.MaxWeightRatio},
+			decimalField{"spec.capacity.deadBand", c.DeadBand, &s.Capacity.DeadBand},
+			decimalField{"spec.capacity.minRequestRate", c.MinRequestRate, &s.Capacity.MinRequestRate},
+			decimalField{"spec.capacity.planningLoadFactor", c.PlanningLoadFactor, &s.Capacity.PlanningLoadFactor},
+			decimalField{"spec.capacity.overloadLatencyRatio", c.OverloadLatencyRatio, &s.Capacity.OverloadLatencyRatio})
 	}
 	if c := alb.Spec.Tail; c != nil {
-		for _, f := range []struct {
-			name string
-			d    *adlbv1.Decimal
-			t    *float64
-		}{
-			{"spec.tail.quantile", c.Quantile, &s.Tail.Quantile},
-			{"spec.tail.maxUtilization", c.MaxUtilization, &s.Tail.MaxUtilization},
-			{"spec.tail.burstMargin", c.BurstMargin, &s.Tail.BurstMargin},
-			{"spec.tail.maxShareRatio", c.MaxShareRatio, &s.Tail.MaxShareRatio},
-			{"spec.tail.minPodRate", c.MinPodRate, &s.Tail.MinPodRate},
-		} {
-			if err := set(f.name, f.d, f.t); err != nil {
-				return weights.Settings{}, err
-			}
-		}
+		fields = append(fields,
+			decimalField{"spec.tail.quantile", c.Quantile, &s.Tail.Quantile},
+			decimalField{"spec.tail.maxUtilization", c.MaxUtilization, &s.Tail.MaxUtilization},
+			decimalField{"spec.tail.burstMargin", c.BurstMargin, &s.Tail.BurstMargin},
+			decimalField{"spec.tail.maxShareRatio", c.MaxShareRatio, &s.Tail.MaxShareRatio},
+			decimalField{"spec.tail.minPodRate", c.MinPodRate, &s.Tail.MinPodRate})
 	}
 	if c := alb.Spec.CPUDistance; c != nil {
-		if err := set("spec.cpuDistance.k", c.K, &s.CPUDistance.K); err != nil {
-			return weights.Settings{}, err
-		}
-		if err := set("spec.cpuDistance.deadBand", c.DeadBand, &s.CPUDistance.DeadBand); err != nil {
+		fields = append(fields,
+			decimalField{"spec.cpuDistance.k", c.K, &s.CPUDistance.K},
+			decimalField{"spec.cpuDistance.deadBand", c.DeadBand, &s.CPUDistance.DeadBand})
+	}
+	for _, f := range fields {
+		if err := set(f.name, f.value, f.target); err != nil {
 			return weights.Settings{}, err
 		}
 	}
