@@ -18,6 +18,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -361,42 +362,18 @@ func TestOperations_AMissingVerbBreaksTheMirror(t *testing.T) {
 		}
 		_ = unstructured.SetNestedSlice(role.Object, rules, "rules")
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		root := newRootCmd(io.Discard, io.Discard)
-		root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
-		_ = root.ExecuteContext(ctx)
-	}()
-	defer func() { cancel(); <-done }()
-	for _, o := range []client.Object{
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}},
-		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"}, Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}},
-		&adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"}, Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"}}},
-	} {
-		if err := admin.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
+	c, alb := mirrorOnce(t, admin, kubeconfig)
+	if c.Reason != adlbv1.ReasonWriteFailed || !strings.Contains(c.Message, "forbidden") {
+		t.Fatalf("with create removed from the ClusterRole, EndpointsMirrored is %s/%s: %s", c.Status, c.Reason, c.Message)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		alb := &adlbv1.AdaptiveLoadBalancer{}
-		if err := admin.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "web"}, alb); err == nil {
-			for _, c := range alb.Status.Conditions {
-				if c.Type == adlbv1.ConditionReady && c.Reason == adlbv1.ReasonWriteFailed && strings.Contains(c.Message, "forbidden") {
-					// The failure is also counted where the alerts look for it.
-					if n := reconcileErrors(t, "forbidden"); n < 1 {
-						t.Fatalf("adaptivelb_reconcile_errors_total{reason=\"forbidden\"} = %v", n)
-					}
-					return
-				}
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
+	ready := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionReady)
+	if ready == nil || ready.Reason != adlbv1.ReasonWriteFailed || !strings.Contains(ready.Message, "forbidden") {
+		t.Fatalf("with create removed from the ClusterRole, Ready is %+v, want WriteFailed/forbidden", ready)
 	}
-	t.Fatal("with create removed from the ClusterRole, Ready never reported WriteFailed/forbidden")
+	// The failure is also counted where the alerts look for it.
+	if n := reconcileErrors(t, "forbidden"); n < 1 {
+		t.Fatalf("adaptivelb_reconcile_errors_total{reason=\"forbidden\"} = %v", n)
+	}
 }
 
 func reconcileErrors(t *testing.T, reason string) float64 {

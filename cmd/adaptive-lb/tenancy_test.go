@@ -38,8 +38,9 @@ func dropFinalizersRule(role *unstructured.Unstructured) {
 }
 
 // mirrorOnce runs the operator as its ServiceAccount until the AdaptiveLoadBalancer's
-// EndpointsMirrored condition is set and returns it.
-func mirrorOnce(t *testing.T, admin client.Client, kubeconfig string) metav1.Condition {
+// EndpointsMirrored condition is set (True, or WriteFailed) and returns the AdaptiveLoadBalancer
+// as it was then, with the condition.
+func mirrorOnce(t *testing.T, admin client.Client, kubeconfig string) (metav1.Condition, *adlbv1.AdaptiveLoadBalancer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -68,14 +69,14 @@ func mirrorOnce(t *testing.T, admin client.Client, kubeconfig string) metav1.Con
 		if err := admin.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "web"}, alb); err == nil {
 			for _, c := range alb.Status.Conditions {
 				if c.Type == adlbv1.ConditionEndpointsMirrored && (c.Status == metav1.ConditionTrue || c.Reason == adlbv1.ReasonWriteFailed) {
-					return c
+					return c, alb
 				}
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatal("the AdaptiveLoadBalancer was never reconciled")
-	return metav1.Condition{}
+	return metav1.Condition{}, nil
 }
 
 // Clusters that enforce owner-reference permissions (OpenShift by default) allow setting
@@ -86,7 +87,7 @@ func TestOperations_OwnerReferencePermissionEnforcement(t *testing.T) {
 	enforce := map[string]string{"enable-admission-plugins": "OwnerReferencesPermissionEnforcement"}
 	t.Run("with the chart's RBAC the ServiceEntry is created", func(t *testing.T) {
 		admin, kubeconfig, _ := operatorEnvWith(t, enforce, nil)
-		if c := mirrorOnce(t, admin, kubeconfig); c.Status != metav1.ConditionTrue {
+		if c, _ := mirrorOnce(t, admin, kubeconfig); c.Status != metav1.ConditionTrue {
 			t.Fatalf("EndpointsMirrored %s/%s: %s", c.Status, c.Reason, c.Message)
 		}
 		se := &networkingv1.ServiceEntry{}
@@ -99,7 +100,7 @@ func TestOperations_OwnerReferencePermissionEnforcement(t *testing.T) {
 	})
 	t.Run("without the finalizers rule the create is forbidden", func(t *testing.T) {
 		admin, kubeconfig, _ := operatorEnvWith(t, enforce, dropFinalizersRule)
-		c := mirrorOnce(t, admin, kubeconfig)
+		c, _ := mirrorOnce(t, admin, kubeconfig)
 		if c.Reason != adlbv1.ReasonWriteFailed || !strings.Contains(c.Message, "cannot set blockOwnerDeletion") {
 			t.Fatalf("EndpointsMirrored %s/%s: %s; want WriteFailed naming blockOwnerDeletion", c.Status, c.Reason, c.Message)
 		}
