@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap/zapcore"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,13 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
@@ -97,37 +91,20 @@ func (o *failsafeOptions) validate() error {
 	if o.uninstallTimeout <= 0 {
 		return newUsageError("--uninstall-timeout must be positive")
 	}
-	switch o.logLevel {
-	case "debug", "info", "error":
-	default:
-		return newUsageError("--log-level %q must be debug, info or error", o.logLevel)
-	}
-	return nil
+	return checkLogLevel(o.logLevel)
 }
 
 func (o *failsafeOptions) run(ctx context.Context, logTo io.Writer) error {
-	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
 	// Its own logger, not controller-runtime's global one: the watchdog shares nothing with
 	// an operator, also when both run in one test process.
-	logger := zap.New(zap.WriteTo(logTo), zap.UseDevMode(false), zap.Level(zapLevel(level)), zap.StacktraceLevel(zapcore.PanicLevel)).WithName("failsafe")
-	var cfg *rest.Config
-	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-	} else {
-		cfg, err = ctrl.GetConfig()
-	}
+	logger := newJSONLogger(logTo, logLevels[o.logLevel]).WithName("failsafe")
+	cfg, err := restConfigFrom(o.kubeconfig, "adaptive-lb-failsafe/"+version)
 	if err != nil {
-		return fmt.Errorf("load Kubernetes client config: %w", err)
+		return err
 	}
-	cfg.UserAgent = "adaptive-lb-failsafe/" + version
-	namespace := o.leaseNamespace
-	if namespace == "" {
-		raw, err := os.ReadFile(inClusterNamespaceFile)
-		if err != nil {
-			return newUsageError("--leader-election-namespace is not set and the pod's namespace cannot be read from %s: %v", inClusterNamespaceFile, err)
-		}
-		namespace = strings.TrimSpace(string(raw))
+	namespace, err := leaseNamespace(o.leaseNamespace)
+	if err != nil {
+		return newUsageError("%v", err)
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {

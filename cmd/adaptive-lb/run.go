@@ -25,7 +25,6 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -34,7 +33,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -145,10 +143,8 @@ func (o *runOptions) validate() error {
 		}
 		o.sourceConfig = cfg
 	}
-	switch o.logLevel {
-	case "debug", "info", "error":
-	default:
-		return newUsageError("--log-level %q must be debug, info or error", o.logLevel)
+	if err := checkLogLevel(o.logLevel); err != nil {
+		return err
 	}
 	for _, ns := range o.watchNamespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
@@ -159,18 +155,11 @@ func (o *runOptions) validate() error {
 }
 
 func (o *runOptions) restConfig() (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-	} else {
-		cfg, err = ctrl.GetConfig()
-	}
+	cfg, err := restConfigFrom(o.kubeconfig, "adaptive-lb/"+version)
 	if err != nil {
-		return nil, fmt.Errorf("load Kubernetes client config: %w", err)
+		return nil, err
 	}
 	cfg.QPS, cfg.Burst = o.qps, o.burst
-	cfg.UserAgent = "adaptive-lb/" + version
 	return cfg, nil
 }
 
@@ -189,8 +178,7 @@ func operatorScheme() (*runtime.Scheme, error) {
 var errIstioCRDsMissing = errors.New("the ServiceEntry CRD (networking.istio.io/v1) is not installed: install Istio (1.22.1 or newer) or at least its CRDs, e.g. `istioctl install` or the istio/base Helm chart, then restart adaptive-lb")
 
 func (o *runOptions) run(ctx context.Context) error {
-	level := map[string]int{"debug": -1, "info": 0, "error": 2}[o.logLevel]
-	base := installLogger(o.logOutput, zapLevel(level))
+	base := installLogger(o.logOutput, logLevels[o.logLevel])
 	// The manager, its controllers and the weight cycle log through base (the manager's Logger
 	// option and the context), not through the process-wide default, which only the first call
 	// of SetLogger sets.
@@ -429,13 +417,9 @@ const maxWorkerDrain = time.Minute
 // leaderLock builds the leader Lease lock once per process, with one identity for every
 // manager the process runs.
 func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error) {
-	namespace := o.leaderElectionNamespace
-	if namespace == "" {
-		raw, err := os.ReadFile(inClusterNamespaceFile)
-		if err != nil {
-			return nil, fmt.Errorf("--leader-election-namespace is not set and the pod's namespace cannot be read from %s (not in a cluster?): %w", inClusterNamespaceFile, err)
-		}
-		namespace = strings.TrimSpace(string(raw))
+	namespace, err := leaseNamespace(o.leaderElectionNamespace)
+	if err != nil {
+		return nil, err
 	}
 	host, err := os.Hostname()
 	if err != nil {
@@ -455,8 +439,6 @@ func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error
 		LockConfig: resourcelock.ResourceLockConfig{Identity: host + "_" + string(uuid.NewUUID())},
 	}, nil
 }
-
-const inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 // probes answers /healthz (the process is alive) and /readyz (the current manager's caches are
 // synced) for the whole process, across manager rebuilds and the wait for the CRD.
@@ -540,18 +522,12 @@ func requireServiceEntryCRD(mapper meta.RESTMapper) error {
 	return nil
 }
 
-func zapLevel(l int) zapcore.Level { return zapcore.Level(l) }
-
 // installLogger builds the operator's logger: JSON lines on w at level, stack traces only for
 // panics (an Error log here is an expected condition such as an API server outage, not a bug).
 // It also becomes the logger of controller-runtime's packages and of klog, through which
 // client-go (leader election, informers) logs, so every line the process writes is JSON.
 func installLogger(w io.Writer, level zapcore.Level) logr.Logger {
-	if w == nil {
-		w = io.Discard
-	}
-	// Locked: the manager, the informers and klog write from many goroutines.
-	logger := zap.New(zap.WriteTo(zapcore.Lock(zapcore.AddSync(w))), zap.UseDevMode(false), zap.Level(level), zap.StacktraceLevel(zapcore.PanicLevel))
+	logger := newJSONLogger(w, level)
 	ctrl.SetLogger(logger)
 	klog.SetLogger(logger)
 	return logger
