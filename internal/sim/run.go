@@ -136,6 +136,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		sc:       sc,
 		policy:   policy,
 		opts:     opts,
+		q:        newScheduler(),
 		arrRand:  rand.New(rand.NewSource(sc.Seed)),
 		lbRand:   rand.New(rand.NewSource(sc.Seed ^ 0x5eed)),
 		end:      sc.Duration.Seconds(),
@@ -261,10 +262,8 @@ func (s *simulation) loop() error {
 		case evPodArrive:
 			s.onPodArrive(ev.t, ev.a)
 		case evPodWake:
-			p := s.pods[ev.a]
-			if ev.b == p.version {
-				s.onPodWake(ev.t, p)
-			}
+			// The wake tree keeps one wake per pod, the latest set: never a stale one.
+			s.onPodWake(ev.t, s.pods[ev.a])
 		case evResponse:
 			s.onResponse(ev.t, ev.a)
 		case evControl:
@@ -295,6 +294,9 @@ func (s *simulation) loop() error {
 func (s *simulation) addPod(group int, now float64) *pod {
 	pg := s.sc.Pods[group]
 	id := int32(len(s.pods))
+	if id >= maxPods {
+		panic(fmt.Sprintf("sim: more than %d pods in one run", maxPods))
+	}
 	p := &pod{
 		id:        id,
 		name:      fmt.Sprintf("%s-%d", pg.Name, len(s.groups[group])),
@@ -308,6 +310,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 		born:      now,
 		lastT:     now,
 		minFinish: math.Inf(1),
+		wakeAt:    -1,
 		// CFS periods start when the cgroup's timer does: not aligned across pods.
 		periodEnd: now + cfsPeriod*(0.05+0.95*s.lbRand.Float64()),
 	}
@@ -389,14 +392,27 @@ func (s *simulation) refreshBalancers() {
 // the same request, so that policies face identical work (common random numbers); each pod group
 // turns it into its own cost distribution. The distribution's constants are worked out once.
 type costSampler struct {
-	dist      string
+	dist      costDist
 	mean      float64 // seconds
 	mu, sigma float64 // lognormal: of the cost's logarithm
 }
 
+type costDist uint8
+
+const (
+	costLognormal costDist = iota
+	costConstant
+	costExponential
+)
+
 func newCostSampler(c Cost) costSampler {
-	cs := costSampler{dist: c.Dist, mean: c.Mean.Seconds()}
-	if c.Dist != "constant" && c.Dist != "exponential" { // lognormal with the given mean and CV
+	cs := costSampler{mean: c.Mean.Seconds()}
+	switch c.Dist {
+	case "constant":
+		cs.dist = costConstant
+	case "exponential":
+		cs.dist = costExponential
+	default: // lognormal with the given mean and CV
 		sigma2 := math.Log(1 + c.CV*c.CV)
 		cs.mu = math.Log(cs.mean) - sigma2/2
 		cs.sigma = math.Sqrt(sigma2)
@@ -406,9 +422,9 @@ func newCostSampler(c Cost) costSampler {
 
 func (c *costSampler) cost(u float64) float64 {
 	switch c.dist {
-	case "constant":
+	case costConstant:
 		return c.mean
-	case "exponential":
+	case costExponential:
 		return -math.Log(1-u) * c.mean
 	default:
 		z := math.Sqrt2 * math.Erfinv(2*u-1)
@@ -438,7 +454,6 @@ func (s *simulation) onArrival(t float64) {
 	default:
 		podID = s.balancers[proxy][worker].pick(s.active[proxy], s.lbRand)
 	}
-	p := s.pods[podID]
 	var id int32
 	if n := len(s.free); n > 0 {
 		id = s.free[n-1]
@@ -447,7 +462,7 @@ func (s *simulation) onArrival(t float64) {
 		id = int32(len(s.reqs))
 		s.reqs = append(s.reqs, request{})
 	}
-	s.reqs[id] = request{sent: t, cost: s.costs[p.group].cost(u), proxy: int32(proxy), pod: podID}
+	s.reqs[id] = request{sent: t, cost: s.costs[s.pods[podID].group].cost(u), proxy: int32(proxy), pod: podID}
 	s.active[proxy][podID]++
 	s.totalSent++
 	s.q.pushHop(t+s.netHalf, evPodArrive, id)
@@ -468,17 +483,15 @@ func (s *simulation) onPodArrive(t float64, id int32) {
 func (s *simulation) rewake(p *pod) {
 	w := p.nextWake()
 	if math.IsInf(w, 1) {
-		p.version++
 		p.wakeAt = -1
 		s.q.cancelWake(p.id)
 		return
 	}
-	if w == p.wakeAt && p.version != 0 {
+	if w == p.wakeAt {
 		return // the pending wake is still right
 	}
-	p.version++
 	p.wakeAt = w
-	s.q.setWake(p.id, w, p.version)
+	s.q.setWake(p.id, w)
 }
 
 func (s *simulation) onPodWake(t float64, p *pod) {
