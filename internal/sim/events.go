@@ -89,10 +89,6 @@ type scheduler struct {
 	// worked out whenever either changes: most runs have no probes, and other's events are a few
 	// per simulated second, so pop compares one source for both.
 	rareT, rareKey uint64
-	// fired is the pod whose wake pop handed out last, left in place for the pod to reschedule
-	// (setWake moves it, cancelWake drops it), while hasFired.
-	fired    int32
-	hasFired bool
 }
 
 func newScheduler() scheduler {
@@ -129,18 +125,12 @@ func (q *scheduler) pushProbe(t float64, proxy int32, pod uint32) {
 
 // setWake schedules pod's next wake at t, replacing any pending one.
 func (q *scheduler) setWake(pod int32, t float64) {
-	if q.hasFired && pod == q.fired {
-		q.hasFired = false
-	}
 	q.seq++
 	q.wakes.set(event{t: t, key: wakeKey(q.seq, pod), a: pod})
 }
 
 // cancelWake drops pod's pending wake, if any.
 func (q *scheduler) cancelWake(pod int32) {
-	if q.hasFired && pod == q.fired {
-		q.hasFired = false
-	}
 	q.wakes.remove(pod)
 }
 
@@ -171,10 +161,6 @@ func (q *scheduler) pop(ev *event) bool {
 		wake
 		rare
 	)
-	if q.hasFired { // the woken pod did not reschedule: its wake is spent
-		q.wakes.remove(q.fired)
-		q.hasFired = false
-	}
 	// Every source offers an event, noEvent when it has none. The earliest so far is held as
 	// its time's bits and its key, so that each source is one comparison whose outcome the
 	// compiler turns into conditional moves, not a branch that guesses which source is next.
@@ -199,11 +185,9 @@ func (q *scheduler) pop(ev *event) bool {
 		*ev = *q.hop.first()
 		q.hop.drop()
 	case wake:
-		// Left in the tree: the pod almost always schedules its next wake at once, which then
-		// moves this entry instead of removing it and adding another.
-		pod := wakePod(bk)
-		*ev = event{t: math.Float64frombits(bt), key: bk, a: pod}
-		q.fired, q.hasFired = pod, true
+		// Left in the tree: the woken pod always moves or cancels its wake before the next pop
+		// (onPodWake ends in rewake), which replays the tree once instead of twice.
+		*ev = event{t: math.Float64frombits(bt), key: bk, a: wakePod(bk)}
 	case rare:
 		if e := q.probe.first(); e.key == bk {
 			*ev = *e

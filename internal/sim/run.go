@@ -536,6 +536,8 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 	}
 	// A completion may have happened exactly at quota exhaustion: re-check throttling.
 	p.advance(t)
+	// The wake that fired is still in the scheduler's tree: rewake must move or cancel it,
+	// even to the same time, or it would fire again.
 	p.wakeAt = -1
 	s.rewake(p)
 }
