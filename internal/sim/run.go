@@ -434,9 +434,17 @@ func (c *costSampler) cost(u float64) float64 {
 	case costExponential:
 		return -math.Log(1-u) * c.mean
 	default:
-		z := math.Sqrt2 * math.Erfinv(2*u-1)
-		return math.Exp(c.mu + c.sigma*z)
+		return math.Exp(c.mu + c.sigma*normalQuantile(u))
 	}
+}
+
+// normalQuantile is the standard normal quantile of u in [0, 1): √2·erf⁻¹(2u-1), with exactly
+// math.Erfinv's bits. math.Erfinv(x) works on |x| and negates its result when x < 0, behind a
+// branch that a uniform draw makes a coin toss for the predictor; passing |x| keeps that branch
+// one way, and setting the sign bit afterwards (math.Copysign, no branch) gives the same result.
+func normalQuantile(u float64) float64 {
+	x := 2*u - 1
+	return math.Sqrt2 * math.Copysign(math.Erfinv(math.Abs(x)), x)
 }
 
 func (s *simulation) onArrival(t float64) {
