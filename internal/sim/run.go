@@ -78,6 +78,12 @@ type simulation struct {
 	lbRand  *rand.Rand // balancer choices and scenario randomness
 	// proxyDraw and workerDraw choose a request's client proxy and worker from arrRand.
 	proxyDraw, workerDraw boundedInt
+	// arrivals holds arrRand's draws for the next arrivals, drawn ahead (see drawArrivals);
+	// nextDraw is the next one to use.
+	arrivals []arrivalDraws
+	nextDraw int
+	// anyLognormal: some pod group's cost is lognormal, so the draws carry a normal quantile.
+	anyLognormal bool
 
 	end, warmup float64
 	rps         float64
@@ -193,6 +199,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 	s.groups = make([][]int32, len(sc.Pods))
 	for _, pg := range sc.Pods {
 		s.costs = append(s.costs, newCostSampler(pg.Cost))
+		s.anyLognormal = s.anyLognormal || s.costs[len(s.costs)-1].dist == costLognormal
 	}
 	for g, pg := range sc.Pods {
 		for i := 0; i < pg.Replicas; i++ {
@@ -233,7 +240,8 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 }
 
 func (s *simulation) schedule() {
-	s.q.setArrival(s.nextArrival(0))
+	s.q.setArrival(s.firstArrival())
+	s.drawArrivals()
 	for i, ph := range s.sc.Load.Phases {
 		s.q.push(ph.At.Seconds(), evPhase, int32(i), 0)
 	}
@@ -253,11 +261,52 @@ func (s *simulation) schedule() {
 	}
 }
 
-func (s *simulation) nextArrival(now float64) float64 {
+// firstArrival is when the first client request is issued.
+func (s *simulation) firstArrival() float64 {
 	if s.constantArrivals {
-		return now + 1/s.rps
+		return 1 / s.rps
 	}
-	return now + s.arrRand.ExpFloat64()/s.rps
+	return 0 + s.arrRand.ExpFloat64()/s.rps
+}
+
+// arrivalDraws are what one arrival draws from arrRand, in the order it draws them: the gap to
+// the next arrival before the request is sent (Poisson arrivals only), then the request's
+// uniform cost draw, client proxy and worker.
+type arrivalDraws struct {
+	gap           float64 // exponential, of mean 1: the next arrival comes gap/rps later
+	u             float64 // uniform in [0, 1): the request's cost
+	z             float64 // normalQuantile(u), when some group's cost is lognormal
+	proxy, worker int32
+}
+
+// arrivalBatch is how many arrivals' draws drawArrivals makes at once.
+const arrivalBatch = 256
+
+// drawArrivals draws the next arrivalBatch arrivals' numbers from arrRand. Only arrivals draw
+// from it, and they draw the same whatever else happens, so drawing ahead gives every arrival
+// the numbers it would have drawn itself. The normal quantiles are worked out in a loop of
+// their own: math.Erfinv is a long chain of dependent floating-point operations, and chains of
+// different arrivals side by side overlap in the processor, where one per arrival, amid the
+// rest of the work, stalls it.
+func (s *simulation) drawArrivals() {
+	if s.arrivals == nil {
+		s.arrivals = make([]arrivalDraws, arrivalBatch)
+	}
+	for i := range s.arrivals {
+		d := &s.arrivals[i]
+		if !s.constantArrivals {
+			d.gap = s.arrRand.ExpFloat64()
+		}
+		d.u = s.arrRand.Float64()
+		d.proxy = int32(s.proxyDraw.draw(s.arrRand))
+		d.worker = int32(s.workerDraw.draw(s.arrRand))
+	}
+	if s.anyLognormal {
+		for i := range s.arrivals {
+			s.arrivals[i].z = normalQuantile(s.arrivals[i].u)
+		}
+	}
+	s.nextDraw = 0
 }
 
 func (s *simulation) loop() error {
@@ -427,14 +476,15 @@ func newCostSampler(c Cost) costSampler {
 	return cs
 }
 
-func (c *costSampler) cost(u float64) float64 {
+// cost is the cost for uniform draw u; z is normalQuantile(u), worked out ahead.
+func (c *costSampler) cost(u, z float64) float64 {
 	switch c.dist {
 	case costConstant:
 		return c.mean
 	case costExponential:
 		return -math.Log(1-u) * c.mean
 	default:
-		return math.Exp(c.mu + c.sigma*normalQuantile(u))
+		return math.Exp(c.mu + c.sigma*z)
 	}
 }
 
@@ -448,10 +498,17 @@ func normalQuantile(u float64) float64 {
 }
 
 func (s *simulation) onArrival(t float64) {
-	s.q.setArrival(s.nextArrival(t))
-	u := s.arrRand.Float64()
-	proxy := s.proxyDraw.draw(s.arrRand)
-	worker := s.workerDraw.draw(s.arrRand)
+	if s.nextDraw == len(s.arrivals) {
+		s.drawArrivals()
+	}
+	d := &s.arrivals[s.nextDraw]
+	s.nextDraw++
+	if s.constantArrivals {
+		s.q.setArrival(t + 1/s.rps)
+	} else {
+		s.q.setArrival(t + d.gap/s.rps)
+	}
+	proxy, worker := int(d.proxy), int(d.worker)
 	if len(s.hosts) == 0 {
 		return // no endpoint: the request fails fast (503) and is not a latency sample
 	}
@@ -477,7 +534,7 @@ func (s *simulation) onArrival(t float64) {
 		id = int32(len(s.reqs))
 		s.reqs = append(s.reqs, request{})
 	}
-	s.reqs[id] = request{sent: t, cost: s.costs[s.pods[podID].group].cost(u), proxy: int32(proxy), pod: podID}
+	s.reqs[id] = request{sent: t, cost: s.costs[s.pods[podID].group].cost(d.u, d.z), proxy: int32(proxy), pod: podID}
 	s.active[proxy][podID]++
 	s.totalSent++
 	s.q.pushHop(t+s.netHalf, evPodArrive, id)
