@@ -153,51 +153,58 @@ var infBits = math.Float64bits(math.Inf(1))
 // that choosing needs no further load.
 func timeKey(e *event) (uint64, uint64) { return math.Float64bits(e.t), e.key }
 
-// pop removes the earliest event and copies it to ev; false when none is left.
-func (q *scheduler) pop(ev *event) bool {
-	const (
-		arrival = iota
-		hop
-		wake
-		rare
-	)
+// source is where the earliest pending event waits.
+type source uint8
+
+const (
+	srcArrival source = iota
+	srcHop
+	srcWake
+	srcRare // a probe or an event of the general heap
+)
+
+// earliest returns where the earliest pending event waits, its time and its key; the time is
+// +Inf when nothing is pending. It removes nothing: the caller takes the event from its source
+// (dropArrival, takeHop, takeRare), or, for a wake, has the pod move or cancel it. Telling the
+// caller the source, not only the event, lets it dispatch once instead of twice.
+func (q *scheduler) earliest() (source, float64, uint64) {
 	// Every source offers an event, noEvent when it has none. The earliest so far is held as
 	// its time's bits and its key, so that each source is one comparison whose outcome the
 	// compiler turns into conditional moves, not a branch that guesses which source is next.
-	bt, bk, src := math.Float64bits(q.arrival.t), q.arrival.key, arrival
+	bt, bk, src := math.Float64bits(q.arrival.t), q.arrival.key, srcArrival
 	if et, ek := timeKey(q.hop.first()); precedesBits(et, ek, bt, bk) {
-		bt, bk, src = et, ek, hop
+		bt, bk, src = et, ek, srcHop
 	}
 	if et, ek := q.wakes.head(); precedesBits(et, ek, bt, bk) {
-		bt, bk, src = et, ek, wake
+		bt, bk, src = et, ek, srcWake
 	}
 	if precedesBits(q.rareT, q.rareKey, bt, bk) {
-		bt, bk, src = q.rareT, q.rareKey, rare
+		bt, bk, src = q.rareT, q.rareKey, srcRare
 	}
-	if bt >= infBits { // nothing pending (an idle wake tree's root is at +Inf)
-		return false
+	return src, math.Float64frombits(bt), bk
+}
+
+// dropArrival removes the pending arrival.
+func (q *scheduler) dropArrival() { q.arrival = noEvent }
+
+// takeHop removes and returns the first event half a round trip from its start.
+func (q *scheduler) takeHop() event {
+	e := *q.hop.first()
+	q.hop.drop()
+	return e
+}
+
+// takeRare removes and returns the earlier of the first probe and the general heap's head.
+func (q *scheduler) takeRare() event {
+	var e event
+	if p := q.probe.first(); p.key == q.rareKey {
+		e = *p
+		q.probe.drop()
+	} else {
+		e = q.other.pop()
 	}
-	switch src {
-	case arrival:
-		*ev = q.arrival
-		q.arrival = noEvent
-	case hop:
-		*ev = *q.hop.first()
-		q.hop.drop()
-	case wake:
-		// Left in the tree: the woken pod always moves or cancels its wake before the next pop
-		// (onPodWake ends in rewake), which replays the tree once instead of twice.
-		*ev = event{t: math.Float64frombits(bt), key: bk, a: wakePod(bk)}
-	case rare:
-		if e := q.probe.first(); e.key == bk {
-			*ev = *e
-			q.probe.drop()
-		} else {
-			*ev = q.other.pop()
-		}
-		q.refreshRare()
-	}
-	return true
+	q.refreshRare()
+	return e
 }
 
 // fifo is a queue of events scheduled in time order, in a ring whose length is a power of two:

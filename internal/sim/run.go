@@ -310,40 +310,56 @@ func (s *simulation) drawArrivals() {
 }
 
 func (s *simulation) loop() error {
-	var ev event
-	for s.q.pop(&ev) && ev.t <= s.end {
-		switch ev.kind() {
-		case evArrival:
-			s.onArrival(ev.t)
-		case evPodArrive:
-			s.onPodArrive(ev.t, ev.a)
-		case evPodWake:
-			// The wake tree keeps one wake per pod, the latest set: never a stale one.
-			s.onPodWake(ev.t, s.pods[ev.a])
-		case evResponse:
-			s.onResponse(ev.t, ev.a)
-		case evControl:
-			if err := s.onControl(ev.t); err != nil {
+	for {
+		src, t, key := s.q.earliest()
+		if !(t <= s.end) { // past the end, or nothing pending (+Inf)
+			break
+		}
+		switch src {
+		case srcArrival:
+			s.q.dropArrival()
+			s.onArrival(t)
+		case srcHop:
+			if ev := s.q.takeHop(); ev.kind() == evPodArrive {
+				s.onPodArrive(t, ev.a)
+			} else {
+				s.onResponse(t, ev.a)
+			}
+		case srcWake:
+			// The wake stays in the tree until the pod moves or cancels it, which onPodWake
+			// always does (it ends in rewake); the tree never holds a stale wake.
+			s.onPodWake(t, s.pods[wakePod(key)])
+		default:
+			if err := s.onRareEvent(s.q.takeRare()); err != nil {
 				return err
 			}
-		case evApply:
-			s.onApply(ev.t, ev.b)
-		case evPodEvent:
-			s.onPodEvent(ev.t, int(ev.a), int(ev.b))
-		case evRestartStep:
-			s.onRestartStep(ev.t, int(ev.a), int(ev.b))
-		case evPhase:
-			s.rps = s.sc.Load.Phases[ev.a].RPS
-		case evSnapshot:
-			s.onSnapshot(ev.t)
-			if s.orca != nil {
-				s.refreshORCA(ev.t)
-			}
-		case evProbe:
-			s.onProbe(ev.t, int(ev.a), int32(ev.b))
 		}
 	}
 	s.settle(s.end)
+	return nil
+}
+
+// onRareEvent handles an event that is neither an arrival, a network hop nor a pod wake.
+func (s *simulation) onRareEvent(ev event) error {
+	switch ev.kind() {
+	case evControl:
+		return s.onControl(ev.t)
+	case evApply:
+		s.onApply(ev.t, ev.b)
+	case evPodEvent:
+		s.onPodEvent(ev.t, int(ev.a), int(ev.b))
+	case evRestartStep:
+		s.onRestartStep(ev.t, int(ev.a), int(ev.b))
+	case evPhase:
+		s.rps = s.sc.Load.Phases[ev.a].RPS
+	case evSnapshot:
+		s.onSnapshot(ev.t)
+		if s.orca != nil {
+			s.refreshORCA(ev.t)
+		}
+	case evProbe:
+		s.onProbe(ev.t, int(ev.a), int32(ev.b))
+	}
 	return nil
 }
 
