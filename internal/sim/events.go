@@ -87,7 +87,7 @@ type scheduler struct {
 	other   eventHeap
 	// rareT and rareKey are the order of the earlier of probe's and other's first events,
 	// worked out whenever either changes: most runs have no probes, and other's events are a few
-	// per simulated second, so pop compares one source for both.
+	// per simulated second, so earliest compares one source for both.
 	rareT, rareKey uint64
 }
 
@@ -134,7 +134,7 @@ func (q *scheduler) cancelWake(pod int32) {
 	q.wakes.remove(pod)
 }
 
-// push schedules any other event. Its time must not be negative (see precedes).
+// push schedules any other event. Its time must not be negative (see precedesBits).
 func (q *scheduler) push(t float64, kind eventKind, a int32, b uint32) {
 	if !(t >= 0) {
 		panic(fmt.Sprintf("sim: event of kind %d scheduled at t=%v: event times must not be negative", kind, t))
@@ -143,10 +143,10 @@ func (q *scheduler) push(t float64, kind eventKind, a int32, b uint32) {
 	q.refreshRare()
 }
 
-// noEvent stands for an empty source in pop: it comes after every event.
+// noEvent stands for an empty source in earliest: it comes after every event.
 var noEvent = event{t: math.Inf(1), key: math.MaxUint64}
 
-// infBits is +Inf's bits: a best time of infBits in pop means nothing is pending.
+// infBits is +Inf's bits: the time of noEvent and of an idle wake.
 var infBits = math.Float64bits(math.Inf(1))
 
 // timeKey returns e's order: its time's bits and its key, loaded before they are compared so
@@ -267,7 +267,7 @@ type wakeTree struct {
 // wakeNode is a pod wake's order: its time's bits and its key (see wakeKey).
 type wakeNode struct{ t, key uint64 }
 
-// idleWake is the leaf of a pod with no wake pending: after every wake.
+// idleWake is the leaf of a pod with no wake pending: it orders after every wake.
 var idleWake = wakeNode{t: infBits, key: math.MaxUint64}
 
 // head returns the earliest wake's order, which is idleWake's when no pod has one pending.

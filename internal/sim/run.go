@@ -144,16 +144,15 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		return nil, err
 	}
 	s := &simulation{
-		sc:      sc,
-		policy:  policy,
-		opts:    opts,
-		q:       newScheduler(),
-		arrRand: rand.New(rand.NewSource(sc.Seed)),
-		lbRand:  rand.New(rand.NewSource(sc.Seed ^ 0x5eed)),
-		end:     sc.Duration.Seconds(),
-		warmup:  sc.Warmup.Seconds(),
-		rps:     sc.Load.RPS,
-		// The scenario's arrival process, read once instead of at every arrival.
+		sc:               sc,
+		policy:           policy,
+		opts:             opts,
+		q:                newScheduler(),
+		arrRand:          rand.New(rand.NewSource(sc.Seed)),
+		lbRand:           rand.New(rand.NewSource(sc.Seed ^ 0x5eed)),
+		end:              sc.Duration.Seconds(),
+		warmup:           sc.Warmup.Seconds(),
+		rps:              sc.Load.RPS,
 		constantArrivals: sc.Load.Arrival == "constant",
 		netHalf:          sc.Clients.NetworkLatency.Seconds() / 2,
 		weightOf:         map[int32]int{},
@@ -266,7 +265,7 @@ func (s *simulation) firstArrival() float64 {
 	if s.constantArrivals {
 		return 1 / s.rps
 	}
-	return 0 + s.arrRand.ExpFloat64()/s.rps
+	return s.arrRand.ExpFloat64() / s.rps
 }
 
 // arrivalDraws are what one arrival draws from arrRand, in the order it draws them: the gap to
@@ -469,6 +468,7 @@ type costSampler struct {
 	mu, sigma float64 // lognormal: of the cost's logarithm
 }
 
+// costDist is a cost distribution, switched on for every request: an integer, not its name.
 type costDist uint8
 
 const (
