@@ -69,6 +69,12 @@ type AdaptiveLoadBalancerReconciler struct {
 	MaxEndpoints int
 	// Activity, if set, counts reconciles under way; once it is closed none starts.
 	Activity *Activity
+	// StaleServiceEntryTimeout is how long the mirror of a Service may keep failing before its
+	// ServiceEntry is deleted (0: DefaultStaleServiceEntryTimeout).
+	StaleServiceEntryTimeout time.Duration
+
+	// failingSince holds, per AdaptiveLoadBalancer whose mirror fails, when the failures began.
+	failingSince sync.Map // types.NamespacedName → time.Time
 
 	propagation     *propagationTracker
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
@@ -132,9 +138,10 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 			r.propagation.restore(req.NamespacedName, eventAt)
 		}
 		r.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
-		outcome = mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: err.Error(), keepEndpoints: true}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
+		outcome = r.removeStale(ctx, alb, err)
 	} else {
+		r.failingSince.Delete(req.NamespacedName)
 		// What the ServiceEntry now lists, for the weight cycle's per-endpoint time in it.
 		if outcome.status == metav1.ConditionTrue {
 			eps := make([]MemberEndpoint, len(outcome.endpoints))
@@ -594,6 +601,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 // its membership record (which the weight cycle also prunes, but no cycle runs without a TSDB).
 func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
 	r.lastStatusWrite.Delete(key)
+	r.failingSince.Delete(key)
 	r.Membership.Forget(key)
 	r.propagation.begin(key)
 	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)

@@ -117,7 +117,11 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, requeueAfterError),
+			// A failing one is also retried when its ServiceEntry turns stale, to delete it then.
+			RateLimiter: staleDeadlineLimiter{
+				TypedRateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, requeueAfterError),
+				untilStale:       r.untilStale,
+			},
 		}).
 		Complete(r)
 }

@@ -182,6 +182,8 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Metrics:       testMetrics,
 		ClusterDomain: "cluster.local",
 		MaxEndpoints:  suiteMaxEndpoints,
+
+		StaleServiceEntryTimeout: suiteStaleTimeout,
 	}
 	r.observePropagation = propagationSamples.add
 	suiteReconciler = r

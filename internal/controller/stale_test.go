@@ -1,0 +1,175 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+)
+
+// suiteStaleTimeout is the suite operator's --stale-serviceentry-timeout: short enough for a
+// test to wait out, longer than any test keeps writes failing on purpose otherwise.
+const suiteStaleTimeout = 10 * time.Second
+
+// refuseServiceEntryWrites installs a ValidatingAdmissionPolicy and its binding that make the
+// real API server refuse (422 Invalid) every create and update of a ServiceEntry in the
+// fixture's namespace, as a policy or webhook a cluster admin adds would; deletes pass. It
+// returns once the API server enforces it, and a function that lifts it.
+func (f *fixture) refuseServiceEntryWrites() (lift func()) {
+	f.t.Helper()
+	name := "refuse-se-writes-" + f.ns
+	policy := &admissionv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionv1.Fail),
+			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionv1.RuleWithOperations{
+					Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+					Rule:       admissionv1.Rule{APIGroups: []string{"networking.istio.io"}, APIVersions: []string{"*"}, Resources: []string{"serviceentries"}},
+				},
+			}}},
+			Validations: []admissionv1.Validation{{
+				Expression: "false",
+				Message:    "ServiceEntry writes are refused by a test policy",
+				Reason:     ptr.To(metav1.StatusReasonInvalid),
+			}},
+		},
+	}
+	binding := &admissionv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+			MatchResources: &admissionv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: f.ns}}},
+		},
+	}
+	f.create(policy)
+	f.create(binding)
+	// The API server loads policies asynchronously: wait until a dry-run update is refused.
+	f.eventually("the API server enforces the policy", func() error {
+		se, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		se.Labels["probe"] = "x"
+		err = k8s.Update(f.ctx, se, client.DryRunAll)
+		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "test policy") {
+			return nil
+		}
+		return fmt.Errorf("a dry-run update returned %v", err)
+	})
+	return func() {
+		f.t.Helper()
+		for _, o := range []client.Object{binding, policy} {
+			if err := k8s.Delete(f.ctx, o); err != nil && !apierrors.IsNotFound(err) {
+				f.t.Fatal(err)
+			}
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// warningEvents returns the messages of the Warning events with reason on the fixture's objects.
+func (f *fixture) warningEvents(reason string) []string {
+	f.t.Helper()
+	var list corev1.EventList
+	if err := k8s.List(f.ctx, &list, client.InNamespace(f.ns)); err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, e := range list.Items {
+		if e.Type == corev1.EventTypeWarning && e.Reason == reason {
+			out = append(out, e.Message)
+		}
+	}
+	return out
+}
+
+// A mirror that keeps failing (here the API server refuses every write of the ServiceEntry with
+// 422, from an admission policy) does not leave the last written ServiceEntry in place forever:
+// it lists a pod that is gone and misses the new one, and Envoy prefers that copy. After the
+// stale timeout it is deleted (clients use the Kubernetes endpoints), reported in the
+// conditions, an event and a counter, and re-created with the current endpoints once writes
+// succeed again.
+func TestMirror_AServiceEntryThatCannotBeUpdatedIsDeletedOnceStale(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.31.0.1")
+	f.pod("web", "web-2", "10.31.0.2")
+	f.slice("web", "web-x", ready("web-1", "10.31.0.1"), ready("web-2", "10.31.0.2"))
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.31.0.1", "10.31.0.2")
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	deletions := testutil.ToFloat64(testMetrics.StaleServiceEntryDeletions.WithLabelValues(StaleDeletionDeleted))
+
+	lift := f.refuseServiceEntryWrites()
+	defer lift()
+	// web-2 is replaced by web-3: the ServiceEntry cannot follow.
+	f.pod("web", "web-3", "10.31.0.3")
+	f.slice("web", "web-x", ready("web-1", "10.31.0.1"), ready("web-3", "10.31.0.3"))
+	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)
+
+	// Past the timeout the ServiceEntry is gone, and the status says why.
+	deadline := time.Now().Add(suiteStaleTimeout + 2*time.Minute)
+	for {
+		_, err := f.serviceEntry("web")
+		if apierrors.IsNotFound(err) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ServiceEntry still exists %v after its mirror began failing; want it deleted after the stale timeout (%v)", suiteStaleTimeout+2*time.Minute, suiteStaleTimeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, cond := range []string{adlbv1.ConditionEndpointsMirrored, adlbv1.ConditionReady} {
+		c := f.waitForCondition("web", cond, metav1.ConditionFalse, adlbv1.ReasonStaleServiceEntryRemoved)
+		if !strings.Contains(c.Message, "test policy") || !strings.Contains(c.Message, "Kubernetes endpoints") {
+			t.Errorf("%s should name the failure and the fallback, got %q", cond, c.Message)
+		}
+	}
+	f.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
+	f.eventually("a StaleServiceEntryRemoved event", func() error {
+		if len(f.warningEvents(EventStaleServiceEntryRemoved)) == 0 {
+			return errNotYet
+		}
+		return nil
+	})
+	if got := testutil.ToFloat64(testMetrics.StaleServiceEntryDeletions.WithLabelValues(StaleDeletionDeleted)); got < deletions+1 {
+		t.Errorf("adaptivelb_stale_serviceentry_deletions_total{result=deleted} = %v, want at least %v", got, deletions+1)
+	}
+
+	// Writes succeed again: the next retry re-creates it with the current endpoints, without
+	// any further change to trigger it.
+	lift()
+	recreated := time.Now().Add(3 * time.Minute) // the back-off reached by then is below a minute
+	for {
+		se, err := f.serviceEntry("web")
+		if err == nil && strings.Join(addresses(se), ",") == "10.31.0.1,10.31.0.3" {
+			break
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if time.Now().After(recreated) {
+			t.Fatalf("the ServiceEntry was not re-created with the current endpoints after writes succeed again (last: %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
