@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -170,6 +172,79 @@ func TestMirror_AServiceEntryThatCannotBeUpdatedIsDeletedOnceStale(t *testing.T)
 			t.Fatalf("the ServiceEntry was not re-created with the current endpoints after writes succeed again (last: %v)", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
+
+// managedServiceEntry returns a ServiceEntry labelled as the operator's, controlled by owner
+// (nil: no owner reference).
+func (f *fixture) managedServiceEntry(name string, owner *metav1.OwnerReference) *networkingv1.ServiceEntry {
+	f.t.Helper()
+	se := sizedServiceEntry(f.ns, name, 1)
+	if owner != nil {
+		se.OwnerReferences = []metav1.OwnerReference{*owner}
+	}
+	f.create(se)
+	return se
+}
+
+// A managed ServiceEntry whose AdaptiveLoadBalancer is gone (deleted with --cascade=orphan, its
+// owner reference removed, or its owner re-created as another object) would never be updated
+// again; the garbage collector never removes it either (envtest runs none, so what is tested
+// here is the operator's own cleanup). It is deleted; a properly owned one is kept.
+func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.32.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.32.0.1"))
+	alb := f.alb("web", "web")
+	owned := f.waitForAddresses("web", "10.32.0.1")
+	// A change of the owned one passes through the orphan check too.
+	owned.Labels["touched"] = "yes"
+	if err := k8s.Update(f.ctx, owned); err != nil {
+		t.Fatal(err)
+	}
+
+	ref := func(name string, uid types.UID) *metav1.OwnerReference {
+		return &metav1.OwnerReference{APIVersion: adlbv1.GroupVersion.String(), Kind: "AdaptiveLoadBalancer", Name: name, UID: uid,
+			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}
+	}
+	orphans := []*networkingv1.ServiceEntry{
+		f.managedServiceEntry("no-owner", nil),
+		f.managedServiceEntry("owner-gone", ref("gone", "5b7a3c9e-0000-4000-8000-000000000001")),
+		f.managedServiceEntry("owner-recreated", ref("web", "5b7a3c9e-0000-4000-8000-000000000002")),
+	}
+	// Not the operator's: never touched, whoever owns it.
+	foreign := sizedServiceEntry(f.ns, "foreign", 1)
+	foreign.Labels = map[string]string{"team": "shop"}
+	f.create(foreign)
+
+	for _, se := range orphans {
+		f.eventually("orphaned ServiceEntry "+se.Name+" deleted", func() error {
+			if _, err := f.serviceEntry(se.Name); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("still there (%v)", err)
+			}
+			return nil
+		})
+	}
+	f.eventually("an OrphanDeleted event", func() error {
+		var list corev1.EventList
+		if err := k8s.List(f.ctx, &list, client.InNamespace(f.ns)); err != nil {
+			return err
+		}
+		for _, e := range list.Items {
+			if e.Reason == EventOrphanDeleted && e.InvolvedObject.Name == "owner-gone" && strings.Contains(e.Message, "does not exist") {
+				return nil
+			}
+		}
+		return errNotYet
+	})
+	if se, err := f.serviceEntry("web"); err != nil || se.UID != owned.UID {
+		t.Fatalf("the ServiceEntry AdaptiveLoadBalancer %s owns was deleted (now: %v, %v)", alb.Name, se.UID, err)
+	}
+	if _, err := f.serviceEntry("foreign"); err != nil {
+		t.Fatalf("a ServiceEntry without adaptive-lb's label was touched: %v", err)
 	}
 	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }
