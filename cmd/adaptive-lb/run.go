@@ -218,6 +218,11 @@ func (o *runOptions) run(ctx context.Context) error {
 		if shared.leaderLock, err = o.leaderLock(cfg); err != nil {
 			return err
 		}
+		namespace, err := leaseNamespace(o.leaderElectionNamespace)
+		if err != nil {
+			return err
+		}
+		shared.installID = controller.InstallID(namespace, o.leaderElectionID)
 	}
 	// The probes are served by the process, not by each manager: they answer while the
 	// operator waits for its CRD and while a manager is rebuilt, so the liveness probe does not
@@ -298,7 +303,10 @@ type sharedParts struct {
 	source     metrics.Source           // nil without --tsdb-url
 	cycle      *controller.CycleMetrics // nil without --tsdb-url
 	leaderLock resourcelock.Interface   // nil without --leader-elect
-	probes     *probes
+	// installID names this installation on its ServiceEntries (controller.InstallLabel): its
+	// leader Lease, which the fail-open watchdog also reads. "" without --leader-elect.
+	installID string
+	probes    *probes
 }
 
 // isLeadershipLost recognises the error controller-runtime's manager returns when its leader
@@ -375,6 +383,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		ClusterDomain: o.clusterDomain,
 
 		StaleServiceEntryTimeout: o.staleServiceEntryTimeout,
+		InstallID:                shared.installID,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)

@@ -248,3 +248,36 @@ func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
 	}
 	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }
+
+// suiteInstallID is the suite operator's installation (its leader Lease, were it elected).
+const suiteInstallID = "adaptive-lb-test.adaptive-lb.adaptivelb.io"
+
+// Every ServiceEntry names the installation that wrote it, which scopes the fail-open
+// watchdog to its own; one written before the label existed (here: the label removed) gets it
+// at the next reconcile.
+func TestMirror_StampsItsInstallationOnEveryServiceEntry(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.33.0.1")
+	f.slice("web", "web-x", ready("web-1", "10.33.0.1"))
+	f.alb("web", "web")
+	se := f.waitForAddresses("web", "10.33.0.1")
+	if got := se.Labels[InstallLabel]; got != suiteInstallID {
+		t.Fatalf("a new ServiceEntry has %s=%q, want %q", InstallLabel, got, suiteInstallID)
+	}
+	delete(se.Labels, InstallLabel)
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the installation label is stamped on a ServiceEntry without it", func() error {
+		got, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		if got.Labels[InstallLabel] != suiteInstallID {
+			return fmt.Errorf("labels %v", got.Labels)
+		}
+		return nil
+	})
+}

@@ -184,6 +184,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		MaxEndpoints:  suiteMaxEndpoints,
 
 		StaleServiceEntryTimeout: suiteStaleTimeout,
+		InstallID:                suiteInstallID,
 	}
 	r.observePropagation = propagationSamples.add
 	suiteReconciler = r
