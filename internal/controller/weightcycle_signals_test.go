@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -613,5 +615,70 @@ func TestMirror_AFlappingPodReturnsAtItsWeight(t *testing.T) {
 	lf.waitForAddresses("web", lf.ips...)
 	if got := lf.weights()[slow]; got != w[slow] {
 		t.Fatalf("the slow pod came back at weight %d, want the %d it had (weights before %v)", got, w[slow], orderedWeights(lf.ips, w))
+	}
+}
+
+// The recent peak rate survives a leader change: the leader records it in status.recentPeak,
+// and a new leader, which has no history of its own, plans for it until it leaves the window,
+// instead of for its first cycle's (quiet) rate.
+func TestWeightCycle_ANewLeaderPlansForThePreviousLeadersRecentPeak(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	quietCores, quietRPS := make([]float64, len(skewedCores)), make([]float64, len(equalRPS))
+	for i := range quietCores {
+		quietCores[i], quietRPS[i] = skewedCores[i]*0.1, equalRPS[i]*0.1
+	}
+	lf.load(skewedCores, equalRPS) // 600 rps in all
+	peakAt := lf.clock.Now()
+	lf.run()
+	lf.eventually("the operator's cache sees status.recentPeak", func() error {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := operatorClient.Get(lf.ctx, lf.key(), a); err != nil {
+			return err
+		}
+		p := a.Status.RecentPeak
+		if p == nil {
+			return errNotYet
+		}
+		rate, err := strconv.ParseFloat(string(p.RequestRate), 64)
+		if err != nil || math.Abs(rate-600) > 6 || !p.ObservedAt.Time.Equal(peakAt) {
+			return fmt.Errorf("recentPeak %s at %s, want 600 at %s", p.RequestRate, p.ObservedAt.Time, peakAt)
+		}
+		return nil
+	})
+	// The leader goes; the traffic falls to 60 rps, longer than the metrics window.
+	for range 3 {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	successor := func() *WeightCycle {
+		src, err := metrics.New(metrics.Config{URL: lf.vm.URL}, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &WeightCycle{
+			Client: operatorClient, APIReader: k8s, Source: src, Recorder: record.NewFakeRecorder(100), Clock: lf.clock,
+			Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
+			Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions, Membership: sharedMembership,
+		}
+	}
+	rep, err := successor().RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Inputs[lf.key()].RecentPeakRequestRate; math.Abs(got-600) > 6 {
+		t.Fatalf("the new leader's first cycle at 60 rps plans for a recent peak of %.1f, want the previous leader's 600", got)
+	}
+
+	// Once the recorded peak has left the window, a new leader plans for what it sees.
+	for lf.clock.Now().Sub(peakAt) <= peakRateWindow {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	rep, err = successor().RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Inputs[lf.key()].RecentPeakRequestRate; math.Abs(got-60) > 1 {
+		t.Fatalf("a new leader %s after the recorded peak plans for %.1f, want the current 60", lf.clock.Now().Sub(peakAt), got)
 	}
 }
