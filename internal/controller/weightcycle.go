@@ -784,6 +784,9 @@ type metricsHealth struct {
 	detail []string
 	// rateObserved: some pod's request rate was usable, and serviceRate sums them.
 	rateObserved bool
+	// histogramFailure is the failure of the latency-histogram query, when it failed for the
+	// Service's pods: the engine does without the histograms.
+	histogramFailure error
 }
 
 // minMembershipShare is the share of the metrics window an endpoint must have spent in the
@@ -870,6 +873,9 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		ep.LatencyBuckets = latencyBuckets(o.LatencyBuckets)
 		if queryFailure(o.LatencyBucketsErr) {
 			note(o.LatencyBucketsErr) // for the log; the engine does without the histogram
+			if h.histogramFailure == nil {
+				h.histogramFailure = o.LatencyBucketsErr
+			}
 		}
 		if o.RequestRate.Usable() {
 			// The whole window's rate, whatever the pod's time in the ServiceEntry: it is
@@ -1044,6 +1050,13 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
 	}
 	weightsCond.Message = shorten(weightsCond.Message, 600)
+	if h.histogramFailure != nil && weightsCond.Status == metav1.ConditionTrue {
+		// Only in the message, and by reason rather than the full error (which can change every
+		// cycle): the weights are still applied, so Ready stays True and the status is not
+		// rewritten each cycle; the error itself is in the log and the query-error counter.
+		weightsCond.Message += fmt.Sprintf("; the latency-histogram query failed (%s): the weights are computed without latency histograms (adaptivelb_metrics_query_errors_total{signal=\"latencyHistogram\"}; the weight cycle's log has the error)",
+			metrics.Reason(h.histogramFailure))
+	}
 	return metricsCond, weightsCond
 }
 

@@ -27,6 +27,7 @@ import (
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 )
 
@@ -681,4 +682,39 @@ func TestWeightCycle_ANewLeaderPlansForThePreviousLeadersRecentPeak(t *testing.T
 	if got := rep.Inputs[lf.key()].RecentPeakRequestRate; math.Abs(got-60) > 1 {
 		t.Fatalf("a new leader %s after the recorded peak plans for %.1f, want the current 60", lf.clock.Now().Sub(peakAt), got)
 	}
+}
+
+// A latency-histogram query that fails (here: its answer is larger than the source's response
+// limit, as at the largest fleets) leaves the weights to the other signals; it shows in the
+// WeightsApplied message, not in Ready, which stays True: the weights are applied.
+func TestWeightCycle_AFailedLatencyHistogramQueryIsReportedWithoutFailingReady(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	now := lf.clock.Now()
+	var b strings.Builder
+	for i := range lf.ips {
+		for le := 1; le <= 40; le++ {
+			b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace=%q,pod="web-%d",le="%d"}`, lf.ns, i+1, le*5), float64(le), now.Add(-time.Minute), now, time.Second))
+		}
+	}
+	lf.vm.ImportText(t, b.String())
+	// 240 histogram series answer with tens of kilobytes; each other query's six series with a
+	// few. The limit sits between.
+	src, err := metrics.New(metrics.Config{URL: lf.vm.URL, MaxResponseBytes: 16 << 10}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf.loop.Source = src
+	rep := lf.run()
+	for _, e := range rep.Inputs[lf.key()].Endpoints {
+		if len(e.LatencyBuckets) != 0 {
+			t.Fatalf("%s got latency buckets though the histogram query should fail at the size limit", e.ID)
+		}
+	}
+	c := lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied)
+	if !strings.Contains(c.Message, "latency-histogram query failed (too_large)") {
+		t.Fatalf("WeightsApplied does not report the failed histogram query: %q", c.Message)
+	}
+	lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionTrue, adlbv1.ReasonMetricsOK)
+	lf.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }
