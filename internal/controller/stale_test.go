@@ -25,9 +25,10 @@ const suiteStaleTimeout = 10 * time.Second
 
 // refuseServiceEntryWrites installs a ValidatingAdmissionPolicy and its binding that make the
 // real API server refuse (422 Invalid) every create and update of a ServiceEntry in the
-// fixture's namespace, as a policy or webhook a cluster admin adds would; deletes pass. It
-// returns once the API server enforces it, and a function that lifts it.
-func (f *fixture) refuseServiceEntryWrites() (lift func()) {
+// fixture's namespace, as a policy or webhook a cluster admin adds would, and the extra
+// operations (DELETE) too; deletes pass otherwise. It returns once the API server enforces it,
+// and a function that lifts it.
+func (f *fixture) refuseServiceEntryWrites(extra ...admissionv1.OperationType) (lift func()) {
 	f.t.Helper()
 	name := "refuse-se-writes-" + f.ns
 	policy := &admissionv1.ValidatingAdmissionPolicy{
@@ -36,7 +37,7 @@ func (f *fixture) refuseServiceEntryWrites() (lift func()) {
 			FailurePolicy: ptr.To(admissionv1.Fail),
 			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
 				RuleWithOperations: admissionv1.RuleWithOperations{
-					Operations: []admissionv1.OperationType{admissionv1.Create, admissionv1.Update},
+					Operations: append([]admissionv1.OperationType{admissionv1.Create, admissionv1.Update}, extra...),
 					Rule:       admissionv1.Rule{APIGroups: []string{"networking.istio.io"}, APIVersions: []string{"*"}, Resources: []string{"serviceentries"}},
 				},
 			}}},
@@ -280,4 +281,56 @@ func TestMirror_StampsItsInstallationOnEveryServiceEntry(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// When the stale ServiceEntry cannot be deleted either (a policy refuses that too), the failure
+// is reported (WriteFailed saying so, a StaleServiceEntryNotRemoved event, the failed counter)
+// and the deletion retried; once the API server accepts writes again the mirror converges.
+func TestMirror_AStaleServiceEntryThatCannotBeDeletedIsReported(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web")
+	f.pod("web", "web-1", "10.34.0.1")
+	f.pod("web", "web-2", "10.34.0.2")
+	f.slice("web", "web-x", ready("web-1", "10.34.0.1"), ready("web-2", "10.34.0.2"))
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.34.0.1", "10.34.0.2")
+	failed := testutil.ToFloat64(testMetrics.StaleServiceEntryDeletions.WithLabelValues(StaleDeletionFailed))
+
+	lift := f.refuseServiceEntryWrites(admissionv1.Delete)
+	defer lift()
+	f.pod("web", "web-3", "10.34.0.3")
+	f.slice("web", "web-x", ready("web-1", "10.34.0.1"), ready("web-3", "10.34.0.3"))
+
+	deadline := time.Now().Add(suiteStaleTimeout + 2*time.Minute)
+	for len(f.warningEvents(EventStaleServiceEntryNotRemoved)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s event %v after the mirror began failing (stale timeout %v)", EventStaleServiceEntryNotRemoved, suiteStaleTimeout+2*time.Minute, suiteStaleTimeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c := f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)
+	if !strings.Contains(c.Message, "deleting the ServiceEntry") || !strings.Contains(c.Message, "failed too") {
+		t.Errorf("EndpointsMirrored should say that the stale ServiceEntry could not be deleted, got %q", c.Message)
+	}
+	if got := testutil.ToFloat64(testMetrics.StaleServiceEntryDeletions.WithLabelValues(StaleDeletionFailed)); got < failed+1 {
+		t.Errorf("adaptivelb_stale_serviceentry_deletions_total{result=failed} = %v, want at least %v", got, failed+1)
+	}
+
+	lift()
+	converged := time.Now().Add(3 * time.Minute)
+	for {
+		se, err := f.serviceEntry("web")
+		if err == nil && strings.Join(addresses(se), ",") == "10.34.0.1,10.34.0.3" {
+			break
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		if time.Now().After(converged) {
+			t.Fatalf("the ServiceEntry does not list the current endpoints after writes succeed again (last: %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }
