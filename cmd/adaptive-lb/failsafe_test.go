@@ -103,6 +103,14 @@ func TestFailsafe_DeletesStaleServiceEntriesUntilTheOperatorIsBack(t *testing.T)
 	c.createALB()
 	stopA, logsA := c.start("A", false)
 	c.waitForEndpoints(3, logsA)
+	// The operator names its installation, the Lease the watchdog reads, on the ServiceEntry.
+	se := &networkingv1.ServiceEntry{}
+	if err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web"}, se); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := se.Labels[controller.InstallLabel], controller.InstallID(operatorNamespace, "adaptive-lb.adaptivelb.io"); got != want {
+		t.Fatalf("the operator's ServiceEntry has %s=%q, want %q", controller.InstallLabel, got, want)
+	}
 
 	stopWatchdog, watchdogLogs := c.startFailsafe("--stale-after", "6s", "--check-interval", "200ms", "--log-level", "debug")
 	defer stopWatchdog()

@@ -218,11 +218,13 @@ func (o *runOptions) run(ctx context.Context) error {
 		if shared.leaderLock, err = o.leaderLock(cfg); err != nil {
 			return err
 		}
-		namespace, err := leaseNamespace(o.leaderElectionNamespace)
-		if err != nil {
-			return err
-		}
+	}
+	// Without leader election too, when the Lease's namespace is known (in a pod it is): the
+	// label keeps another installation's watchdog off this one's ServiceEntries.
+	if namespace, err := leaseNamespace(o.leaderElectionNamespace); err == nil {
 		shared.installID = controller.InstallID(namespace, o.leaderElectionID)
+	} else {
+		logger.Info("ServiceEntries carry no installation label: the leader Lease's namespace is unknown outside a pod without --leader-election-namespace; every installation's fail-open watchdog treats them as written by an older version", "error", err.Error())
 	}
 	// The probes are served by the process, not by each manager: they answer while the
 	// operator waits for its CRD and while a manager is rebuilt, so the liveness probe does not
@@ -304,7 +306,7 @@ type sharedParts struct {
 	cycle      *controller.CycleMetrics // nil without --tsdb-url
 	leaderLock resourcelock.Interface   // nil without --leader-elect
 	// installID names this installation on its ServiceEntries (controller.InstallLabel): its
-	// leader Lease, which the fail-open watchdog also reads. "" without --leader-elect.
+	// leader Lease, which the fail-open watchdog also reads ("" when its namespace is unknown).
 	installID string
 	probes    *probes
 }
