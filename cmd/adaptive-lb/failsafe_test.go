@@ -385,3 +385,20 @@ func TestInstallID_IsAValidLabelValueNamingTheLease(t *testing.T) {
 		t.Errorf("two Leases with long names share the InstallID %q", a)
 	}
 }
+
+// A managed ServiceEntry left without an owner while no operator ran (its AdaptiveLoadBalancer
+// deleted with --cascade=orphan, say) is deleted when an operator starts, running as its own
+// least-privilege ServiceAccount.
+func TestRun_DeletesOrphanedServiceEntriesAtStart(t *testing.T) {
+	c := newOpsCluster(t)
+	orphan := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "left-over", Namespace: opsApp,
+		Labels: map[string]string{controller.ManagedByLabel: controller.ManagedByValue, controller.ServiceEntryOwnerLabel: "gone"}}}
+	orphan.Spec.Hosts = []string{"left-over." + opsApp + ".svc.cluster.local"}
+	c.create(orphan)
+	stop, logs := c.start("A", true)
+	defer stop()
+	c.waitFor("the orphaned ServiceEntry is deleted at start", func() bool {
+		err := c.admin.Get(c.ctx, client.ObjectKeyFromObject(orphan), &networkingv1.ServiceEntry{})
+		return apierrors.IsNotFound(err)
+	}, logs)
+}
