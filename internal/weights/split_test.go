@@ -152,17 +152,32 @@ func TestSplitSearch_MatchesTheExhaustiveSearch(t *testing.T) {
 }
 
 // The floor must be a bound: no split within the bounds keeps its mass within the budget
-// below it.
+// below it, neither the searches' optima nor random splits.
 func TestSplitSearch_FloorIsBelowEveryFeasibleThreshold(t *testing.T) {
 	r := rand.New(rand.NewSource(11))
-	for c := 0; c < 100; c++ {
-		s, _ := randomSplitSearch(r)
-		_, want, ok := exhaustiveSplit(s)
-		if !ok {
-			continue
+	for c := 0; c < 300; c++ {
+		s, reference := randomSplitSearch(r)
+		floor := s.floorQuantile()
+		if _, want, ok := exhaustiveSplit(s); ok && floor > want {
+			t.Fatalf("case %d: floor %v above the exhaustive search's quantile %v", c, floor, want)
 		}
-		if floor := s.floorQuantile(); floor > want {
-			t.Fatalf("case %d: floor %v above the lowest feasible threshold %v", c, floor, want)
+		if _, got, ok := s.search(reference); ok && floor > got {
+			t.Fatalf("case %d: floor %v above the search's quantile %v", c, floor, got)
+		}
+		for range 20 {
+			// A random split on the lattice, within the ceilings where they allow it.
+			k := make([]int, len(s.groups))
+			for left := splitSteps; left > 0; {
+				g := r.Intn(len(k))
+				if k[g] < s.maxSteps[g] || r.Intn(10) == 0 {
+					k[g]++
+					left--
+				}
+			}
+			x := s.split(k)
+			if q := s.quantileOf(x, 1e3); q < floor*(1-2*boundsRelativeTolerance) {
+				t.Fatalf("case %d: split %v has quantile %v, below the floor %v", c, x, q, floor)
+			}
 		}
 	}
 }
