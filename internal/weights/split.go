@@ -40,13 +40,13 @@ type splitSearch struct {
 // above the floors.
 const splitSteps = 400
 
-// coarseStride is the number of lattice steps a coarse step of the allocation takes; the
-// exchanges at single steps that follow refine its result.
+// coarseStride is the number of lattice steps a coarse step of the allocation takes; the climb
+// in single steps and the exchanges that follow refine its result.
 const coarseStride = 8
 
-// boundsRelativeTolerance ends the threshold's bisection: its bracket is then narrower than this
-// fraction of the threshold.
-const boundsRelativeTolerance = 1e-4
+// thresholdTolerance ends a bisection on the latency threshold: its bracket is then narrower
+// than this fraction of the threshold.
+const thresholdTolerance = 1e-4
 
 func newSplitSearch(groups []*podGroup, lo, hi []float64, load, budget float64) *splitSearch {
 	n := len(groups)
@@ -73,12 +73,13 @@ func newSplitSearch(groups []*podGroup, lo, hi []float64, load, budget float64) 
 	for g, grp := range groups {
 		s.columns[g] = cells[g*len(modelUtilizations) : (g+1)*len(modelUtilizations)]
 		s.loadPerShare[g] = grp.loadScale * load / float64(len(grp.members)) / grp.capacity
-		// The same margin as a step's test against the ceiling always had.
-		s.maxSteps[g] = max(0, int(math.Floor((hi[g]-lo[g]+1e-12)/s.delta)))
+		// The same margin as a step's test against the ceiling always had. No group takes more
+		// than all the steps, which also keeps the count an int when δ is tiny.
+		s.maxSteps[g] = int(math.Max(0, math.Min(splitSteps, math.Floor((hi[g]-lo[g]+1e-12)/s.delta))))
 		for s.maxSteps[g] > 0 && lo[g]+float64(s.maxSteps[g])*s.delta > hi[g]+1e-12 {
 			s.maxSteps[g]--
 		}
-		for lo[g]+float64(s.maxSteps[g]+1)*s.delta <= hi[g]+1e-12 {
+		for s.maxSteps[g] < splitSteps && lo[g]+float64(s.maxSteps[g]+1)*s.delta <= hi[g]+1e-12 {
 			s.maxSteps[g]++
 		}
 	}
@@ -130,11 +131,11 @@ func (s *splitSearch) directMass(g int, x, t float64) float64 {
 	return x * grp.model.tailAt(timePosition(t/grp.cost), x*s.loadPerShare[g])
 }
 
-// quantileOf is split x's predicted quantile, bisected in [0, upper] to boundsRelativeTolerance;
+// quantileOf is split x's predicted quantile, bisected in [0, upper] to thresholdTolerance;
 // a split whose quantile is beyond upper gets upper.
 func (s *splitSearch) quantileOf(x []float64, upper float64) float64 {
 	lo, hi := 0.0, upper
-	for i := 0; i < 40 && hi-lo > boundsRelativeTolerance*hi; i++ {
+	for i := 0; i < 40 && hi-lo > thresholdTolerance*hi; i++ {
 		mid := (lo + hi) / 2
 		var m float64
 		for g := range s.groups {
@@ -343,18 +344,17 @@ func (s *splitSearch) search(reference []float64) ([]float64, float64, bool) {
 	// least the floor. Starting from that bracket instead of [0, the grid's end] saves the
 	// rounds that would probe thresholds thousands of mean costs long.
 	tLo, tHi := s.floorQuantile(), s.quantileOf(reference, gridEnd)
-	var best []int
-	if k, m := s.allocate(tHi); m <= s.budget {
-		best = slices.Clone(k)
-	} else {
-		if k, m := s.allocate(gridEnd); m > s.budget {
-			return nil, 0, false
-		} else {
-			best = slices.Clone(k)
-		}
+	k, m := s.allocate(tHi)
+	if m > s.budget {
+		// The allocation missed the reference's quantile (the lattice, or a local minimum):
+		// search above it, up to the grid's end.
 		tLo, tHi = math.Max(tLo, tHi), gridEnd
+		if k, m = s.allocate(tHi); m > s.budget {
+			return nil, 0, false
+		}
 	}
-	for i := 0; i < 40 && tHi-tLo > boundsRelativeTolerance*tHi; i++ {
+	best := slices.Clone(k)
+	for i := 0; i < 40 && tHi-tLo > thresholdTolerance*tHi; i++ {
 		mid := (tLo + tHi) / 2
 		if k, m := s.allocate(mid); m <= s.budget {
 			tHi = mid

@@ -49,7 +49,7 @@ func exhaustiveSplit(s *splitSearch) ([]float64, float64, bool) {
 	if mass > s.budget {
 		return nil, 0, false
 	}
-	for i := 0; i < 40 && tHi-tLo > boundsRelativeTolerance*tHi; i++ {
+	for i := 0; i < 40 && tHi-tLo > thresholdTolerance*tHi; i++ {
 		mid := (tLo + tHi) / 2
 		if k, m := allocate(mid); m <= s.budget {
 			tHi, best = mid, k
@@ -134,7 +134,7 @@ func TestSplitSearch_MatchesTheExhaustiveSearch(t *testing.T) {
 			t.Errorf("case %d: quantile %v (split %v), the exhaustive search's %v (split %v)", c, qGot, got, qWant, want)
 		}
 		// The threshold the search reports is within reach of its split.
-		if qGot > gotT*(1+2*boundsRelativeTolerance) {
+		if qGot > gotT*(1+2*thresholdTolerance) {
 			t.Errorf("case %d: reported quantile %v, its split's %v", c, gotT, qGot)
 		}
 		worst = math.Max(worst, qGot/qWant-1)
@@ -175,7 +175,7 @@ func TestSplitSearch_FloorIsBelowEveryFeasibleThreshold(t *testing.T) {
 				}
 			}
 			x := s.split(k)
-			if q := s.quantileOf(x, 1e3); q < floor*(1-2*boundsRelativeTolerance) {
+			if q := s.quantileOf(x, 1e3); q < floor*(1-2*thresholdTolerance) {
 				t.Fatalf("case %d: split %v has quantile %v, below the floor %v", c, x, q, floor)
 			}
 		}

@@ -78,7 +78,8 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	for gi, g := range groups {
 		capacitySplit[gi] = g.capacity * float64(len(g.members)) / fleetCapacity
 	}
-	search := newSplitSearch(groups, lo, hi, load, 1-p.Quantile)
+	budget := 1 - p.Quantile // the mass allowed above the quantile
+	search := newSplitSearch(groups, lo, hi, load, budget)
 	split, tHi, found := search.search(capacitySplit)
 	if !found {
 		return nil, false
