@@ -46,7 +46,7 @@ const coarseStride = 8
 
 // thresholdTolerance ends a bisection on the latency threshold: its bracket is then narrower
 // than this fraction of the threshold.
-const thresholdTolerance = 1e-4
+const thresholdTolerance = 1e-3
 
 func newSplitSearch(groups []*podGroup, lo, hi []float64, load, budget float64) *splitSearch {
 	n := len(groups)
