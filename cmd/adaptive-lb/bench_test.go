@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/sim"
 )
 
 func TestBench_RunsTheSuiteAndRewritesOnlyTheGeneratedBlock(t *testing.T) {
@@ -104,5 +106,15 @@ func TestBench_WritesTheRepositoryDocsOnlyWithWriteDocs(t *testing.T) {
 	t.Chdir(dir)
 	if code, _, errOut := runCLI(t, "bench", "--suite", suite, "--write-docs"); code != exitUsageError || !strings.Contains(errOut, "run it from the repository root") {
 		t.Fatalf("--write-docs outside the repository: exit %d %q", code, errOut)
+	}
+}
+
+func TestBench_WritesAfterCountsOnlyTheWritesThatReachedTheClientsAfterTheWarmUp(t *testing.T) {
+	r := &sim.Result{WeightWrites: 4, Weights: []sim.WeightPoint{{TimeS: 31}, {TimeS: 91}, {TimeS: 181}, {TimeS: 241}}}
+	if got := writesAfter(r, 120); got != 2 {
+		t.Fatalf("writes after a 120 s warm-up: %d, want 2 (those at 181 and 241 s)", got)
+	}
+	if got := writesAfter(r, 0); got != 4 {
+		t.Fatalf("writes after no warm-up: %d, want all 4", got)
 	}
 }

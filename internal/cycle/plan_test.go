@@ -311,3 +311,26 @@ func TestPlan_ConcurrentDecisionsEqualOneByOne(t *testing.T) {
 		}
 	}
 }
+
+func TestPlan_TailWritePromisingTooLittleGainIsNotWrittenByAnyLeader(t *testing.T) {
+	// Four alike pods at a tenth of their capacity, one with twice its peers' weight and
+	// traffic: evening it out is outside the dead band but gains the p99 nothing. The decision
+	// rests on the applied weights and this window's rates only, so a new leader with no
+	// remembered state decides the same.
+	var eps []weights.Endpoint
+	for i, r := range []float64{16, 8, 8, 8} {
+		w := 100
+		if i == 0 {
+			w = 200
+		}
+		eps = append(eps, weights.Endpoint{ID: fmt.Sprintf("pod-%d", i), CPUCores: r * 0.010, RequestRate: r, CPULimitCores: 1, NodeCPUCores: 4, HasMetrics: true, CurrentWeight: w})
+	}
+	tgt := Target{Key: "ns/quiet", Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmTail), HoldTime: 5 * interval,
+		WindowCoverage: 1, WindowSeconds: 60, RecentPeakRequestRate: 40}
+	for _, states := range []map[string]State{nil, {"ns/quiet": {LastGoodMetrics: t0.Add(-interval)}}} {
+		outs, _ := Plan(t0, []Target{tgt}, states, 0)
+		if outs[0].Action != ActionNone || outs[0].Reason != weights.ReasonGainTooSmall {
+			t.Fatalf("state %v: action %s reason %q, want None: %q", states, outs[0].Action, outs[0].Reason, weights.ReasonGainTooSmall)
+		}
+	}
+}

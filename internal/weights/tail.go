@@ -37,11 +37,15 @@ const maxGroups = 8
 // group's members. ok marks the endpoints with usable metrics; others get no share. It returns
 // false when no split keeps the quantile finite (the fleet is near or beyond its capacity); the
 // caller then keeps the capacity split.
-func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) ([]float64, bool) {
+//
+// predict gives the predicted quantile of any split over the endpoints (a share per endpoint,
+// adding up to 1 over those marked ok), with the same models: Compute weighs a write's promised
+// gain with it.
+func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) (shares []float64, predict func([]float64) float64, found bool) {
 	p := s.Tail
 	groups := groupEndpoints(in.Endpoints, ok, limit)
 	if len(groups) == 0 || totalRate <= 0 {
-		return nil, false
+		return nil, nil, false
 	}
 	load := planningLoad(in, totalRate, s)
 	var fleetCapacity float64
@@ -70,7 +74,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		ceilings += hi[gi]
 	}
 	if floors >= 1 || ceilings < 1 {
-		return nil, false
+		return nil, nil, false
 	}
 	// The search starts from the capacity split's quantile: a split within the bounds whose
 	// quantile the optimum's cannot exceed.
@@ -82,7 +86,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	search := newSplitSearch(groups, lo, hi, load, budget)
 	split, tHi, found := search.search(capacitySplit)
 	if !found {
-		return nil, false
+		return nil, nil, false
 	}
 	// The predicted quantile is flat near its minimum, so noise moves the optimum about. Move
 	// from the split the pods get now only as far toward the optimum as it takes to come within
@@ -97,6 +101,13 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	}
 	quantileOf := func(x []float64) float64 { return search.quantileOf(x, tHi*4) }
 	optimum := split
+	current := make([]float64, len(groups))
+	for gi := range groups {
+		current[gi] = observed[gi] / observedTotal
+	}
+	predict = func(memberShares []float64) float64 {
+		return memberQuantile(memberShares, groups, load, budget, tHi*4)
+	}
 	for _, theta := range []float64{0, 0.2, 0.4, 0.6, 0.8} {
 		x := make([]float64, len(groups))
 		for gi := range groups {
@@ -109,7 +120,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	}
 	// Within a group the share follows each member's own capacity: members differ by up to
 	// groupCostSpread in cost, and the slower ones should not get as much as the faster.
-	shares := make([]float64, len(in.Endpoints))
+	shares = make([]float64, len(in.Endpoints))
 	for gi, g := range groups {
 		var total float64
 		for _, i := range g.members {
@@ -119,7 +130,39 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			shares[i] = split[gi] * memberCapacity(in.Endpoints[i], limit) / total
 		}
 	}
-	return shares, true
+	return shares, predict, true
+}
+
+// memberQuantile is the predicted quantile of a split given member by member: an uneven split
+// within a group (one member's weight far from its peers') loads some members more than the
+// group's even spread would, and shows here as a higher quantile. The quantile is bisected below
+// tMax.
+func memberQuantile(memberShares []float64, groups []*podGroup, load, budget, tMax float64) float64 {
+	massAbove := func(t float64) float64 {
+		var mass float64
+		for _, g := range groups {
+			at := timePosition(t / g.cost)
+			for _, m := range g.members {
+				if x := memberShares[m]; x > 0 {
+					mass += x * g.model.tailAt(at, g.loadScale*x*load/g.capacity)
+				}
+			}
+		}
+		return mass
+	}
+	if massAbove(tMax) > budget {
+		return math.Inf(1) // beyond what the models tell apart: no gain can be promised
+	}
+	lo, hi := 0.0, tMax
+	for i := 0; i < 40 && hi-lo > thresholdTolerance*hi; i++ {
+		mid := (lo + hi) / 2
+		if massAbove(mid) <= budget {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
 }
 
 // memberCapacity is an endpoint's requests per second at its CPU limit.

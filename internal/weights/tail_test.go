@@ -290,3 +290,80 @@ func TestTailFromColumnEqualsTailAt(t *testing.T) {
 		}
 	}
 }
+
+// quietFleet is four alike pods (10 ms per request, 1 core each on 4-core nodes) whose observed
+// rates follow their weights, as Envoy's shares do once a window has settled.
+func quietFleet(rates []float64, weights []int) []Endpoint {
+	var eps []Endpoint
+	for i, r := range rates {
+		eps = append(eps, ep(fmt.Sprintf("pod-%d", i), r*0.010, r, 1, weights[i], func(e *Endpoint) { e.NodeCPUCores = 4 }))
+	}
+	return eps
+}
+
+func TestTail_WritePromisingTooLittleGainIsSkipped(t *testing.T) {
+	// One pod carries twice its peers' traffic at a tenth of its capacity: the feedback would
+	// even it out (a 20% weight change, well outside the dead band), but at this load the
+	// unevenness costs the p99 nothing worth an istiod push.
+	eps := quietFleet([]float64{16, 8, 8, 8}, []int{200, 100, 100, 100})
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 40}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed || d.Reason != ReasonGainTooSmall {
+		t.Fatalf("changed %v reason %q weights %v, want the weights kept: %q", d.Changed, d.Reason, weightsOf(d), ReasonGainTooSmall)
+	}
+	for i, r := range d.Endpoints {
+		if r.Weight != eps[i].CurrentWeight || r.Reason != ReasonGainTooSmall {
+			t.Fatalf("endpoint %s: weight %d reason %q, want %d kept", r.ID, r.Weight, r.Reason, eps[i].CurrentWeight)
+		}
+	}
+}
+
+func TestTail_WritePromisingARealGainGoesOut(t *testing.T) {
+	// The same unevenness at 80% of the busy pod's capacity: its queue sets the p99, and
+	// evening the split out is predicted to gain far more than the tolerance.
+	eps := quietFleet([]float64{80, 40, 40, 40}, []int{200, 100, 100, 100})
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 200}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Endpoints[0].Weight >= 200 {
+		t.Fatalf("changed %v reason %q weights %v, want the busy pod's weight lowered", d.Changed, d.Reason, weightsOf(d))
+	}
+}
+
+func TestTail_SettledSplitDoesNotFollowTheTrickleNoise(t *testing.T) {
+	// Converged weights: the cheap pods take nearly everything, the slow ones a trickle of
+	// about 1 rps whose count in a window is Poisson noise (here 0.6 to 1.6 rps). The trickle
+	// pods' weights must not chase it.
+	s := DefaultSettings(AlgorithmTail)
+	first, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := seedFleet(0)
+	var total float64
+	for i := range eps {
+		eps[i].CurrentWeight = first.Endpoints[i].Weight
+		total += float64(eps[i].CurrentWeight)
+	}
+	noise := []float64{0.6, 1.6, 1.0, 0.7, 1.4, 1.2, 0.8, 1.5, 0.6}
+	var trickle float64
+	for k := 3; k < len(eps); k++ {
+		r := noise[k-3]
+		eps[k].RequestRate, eps[k].CPUCores = r, r*0.0076
+		trickle += r
+	}
+	for k := 0; k < 3; k++ {
+		r := (1500 - trickle) / 3
+		eps[k].RequestRate, eps[k].CPUCores = r, r*0.0029
+	}
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 1500}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("weights %v rewritten to %v (%s) for the trickle's noise", weightsOf(first), weightsOf(d), d.Reason)
+	}
+}
