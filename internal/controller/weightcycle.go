@@ -142,7 +142,10 @@ type rateObservation struct {
 const peakRateWindow = 10 * time.Minute
 
 // recentPeak records this cycle's rate of the Service (when observed), drops the observations
-// older than peakRateWindow and returns the highest left; 0 when there is none. The cycle holds w.mu.
+// older than peakRateWindow and returns the highest left. It returns 0, unknown, while the history
+// holds nothing from before this cycle: one rate cannot tell a steady load from the quiet half of a
+// burst, and the engine plans with its margin for an unknown peak instead. The simulator's
+// controller does the same (its first cycle has no full window). The cycle holds w.mu.
 func (w *WeightCycle) recentPeak(key types.NamespacedName, now time.Time, rate float64, observed bool) float64 {
 	if w.rateHistory == nil {
 		w.rateHistory = map[types.NamespacedName][]rateObservation{}
@@ -161,6 +164,9 @@ func (w *WeightCycle) recentPeak(key types.NamespacedName, now time.Time, rate f
 		return 0
 	}
 	w.rateHistory[key] = h
+	if !h[0].at.Before(now) {
+		return 0
+	}
 	peak := 0.0
 	for _, o := range h {
 		peak = max(peak, o.rate)
