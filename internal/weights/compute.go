@@ -187,7 +187,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 
 	firstStep := !adapted(endpoints, ok)
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
-	if !firstStep && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
+	if !firstStep && !in.Replan && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
