@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -288,6 +289,17 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	}
 	if err != nil {
 		return mirrorOutcome{}, err
+	}
+	if replanned := r.Membership.replanWeights(alb, existing, endpoints); replanned != nil {
+		// Endpoints left: the survivors' re-planned weights go out in this same write.
+		if in.Weights == nil {
+			in.Weights = map[string]uint32{}
+		}
+		maps.Copy(in.Weights, replanned)
+		if spec, endpoints, err = istio.Build(in); err != nil {
+			return mirrorOutcome{}, err
+		}
+		log.FromContext(ctx).Info("weights re-planned for the endpoints that stay", "endpoints", len(endpoints))
 	}
 	if existing != nil && cached != nil && existing.ResourceVersion != cached.ResourceVersion &&
 		upToDate(existing, spec) && !upToDate(cached, spec) {

@@ -1,0 +1,103 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+)
+
+// Four fast pods (3 ms of CPU per request) carry most of the load, two slow ones (9 ms) little.
+var (
+	replanCores = []float64{1.2, 1.2, 1.2, 1.2, 0.45, 0.45}
+	replanRPS   = []float64{400, 400, 400, 400, 50, 50}
+)
+
+// dropPod rewrites the Service's slice without pod i (1-based web-i), as the endpointslice
+// controller does when a pod dies, and returns the ServiceEntry generation before and the first
+// version without its address.
+func (lf *loopFixture) dropPod(i int) (int64, map[string]int, int64) {
+	lf.t.Helper()
+	se, err := lf.serviceEntry("web")
+	if err != nil {
+		lf.t.Fatal(err)
+	}
+	before := se.Generation
+	var eps []sliceEndpoint
+	var keep []string
+	for j, ip := range lf.ips {
+		if j+1 != i {
+			eps = append(eps, ready(fmt.Sprintf("web-%d", j+1), ip))
+			keep = append(keep, ip)
+		}
+	}
+	lf.slice("web", "web-x", eps...)
+	after := lf.waitForAddresses("web", keep...)
+	got := map[string]int{}
+	for _, e := range after.Spec.Endpoints {
+		got[e.Address] = int(e.Weight)
+	}
+	return before, got, after.Generation
+}
+
+func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	rep := lf.run()
+	if lf.wrote(rep) != 1 {
+		t.Fatalf("first cycle wrote %d times: %+v", lf.wrote(rep), rep.Outcomes[lf.key()])
+	}
+	written := lf.weights()
+	in := rep.Inputs[lf.key()]
+
+	gen, got, genAfter := lf.dropPod(1)
+	if genAfter != gen+1 {
+		t.Fatalf("ServiceEntry generation %d -> %d: the endpoint's removal and the re-plan must be one update", gen, genAfter)
+	}
+	// What the planner decides for the survivors' inputs of that cycle, as a re-plan.
+	want := in
+	want.Replan, want.WindowCoverage = true, 1
+	want.Endpoints = nil
+	for _, e := range in.Endpoints {
+		if e.ID != lf.ips[0] {
+			want.Endpoints = append(want.Endpoints, e)
+		}
+	}
+	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
+	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
+		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
+	}
+	moved := false
+	for _, r := range outs[0].Decision.Endpoints {
+		if got[r.ID] != r.Weight {
+			t.Fatalf("survivor %s has weight %d, the re-plan computes %d (written %v, now %v)", r.ID, got[r.ID], r.Weight, written, got)
+		}
+		moved = moved || written[r.ID] != r.Weight
+	}
+	if !moved {
+		t.Fatalf("the re-plan kept every weight (%v): the scenario does not test it", got)
+	}
+	t.Logf("cycle: %v; after web-1 left: %v", orderedWeights(lf.ips, written), orderedWeights(lf.ips, got))
+}
+
+func TestMirror_NoReplanWhenTheLastCyclesMetricsFailed(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	lf.run()
+	written := lf.weights()
+	lf.vm.Stop()
+	lf.clock.Step(loopInterval)
+	if o := lf.run().Outcomes[lf.key()]; o.Action != cycle.ActionHold {
+		t.Fatalf("outage cycle: %s (%s), want Hold", o.Action, o.Reason)
+	}
+	gen, got, genAfter := lf.dropPod(1)
+	if genAfter != gen+1 {
+		t.Fatalf("ServiceEntry generation %d -> %d, want one update", gen, genAfter)
+	}
+	for ip, w := range got {
+		if written[ip] != w {
+			t.Fatalf("%s's weight went %d -> %d while metrics are failing: want the held weights kept (%v -> %v)", ip, written[ip], w, written, got)
+		}
+	}
+}
