@@ -75,7 +75,8 @@ func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 // when no endpoint left, or one joined (a rolling restart's replacement, a scale-up: the lost
 // capacity is being replaced, and the newcomer has no observation to plan with); when the last
 // cycle's metrics failed (the hold and fallback rules keep deciding) or its observations are
-// older than one metrics window; and when the planner rejects the input.
+// older than one metrics window; when the planner rejects the input; and when the re-plan changes
+// nothing beyond the dead band.
 func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, built []istio.Endpoint) map[string]uint32 {
 	if m == nil || existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun || alb.Spec.Mode == adlbv1.ModeFrozen {
 		return nil
@@ -116,8 +117,10 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 		return nil // a survivor the last cycle did not observe
 	}
 	outcomes, _ := cycle.Plan(now, []cycle.Target{t}, map[string]cycle.State{t.Key: {LastGoodMetrics: plan.at}}, 0)
+	// Only a change is written: an unchanged decision carries the basis, the weights of the last
+	// cycle's window, and writing those would undo that cycle's own write.
 	o := outcomes[0]
-	if o.Err != nil || (o.Action != cycle.ActionWrite && o.Action != cycle.ActionNone) {
+	if o.Err != nil || o.Action != cycle.ActionWrite {
 		return nil
 	}
 	out := make(map[string]uint32, len(o.Decision.Endpoints))

@@ -3,9 +3,18 @@ package controller
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	apinetworkingv1 "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 // Four fast pods (3 ms of CPU per request) carry most of the load, two slow ones (9 ms) little.
@@ -99,5 +108,48 @@ func TestMirror_NoReplanWhenTheLastCyclesMetricsFailed(t *testing.T) {
 		if written[ip] != w {
 			t.Fatalf("%s's weight went %d -> %d while metrics are failing: want the held weights kept (%v -> %v)", ip, written[ip], w, written, got)
 		}
+	}
+}
+
+// A re-plan that changes nothing must leave the weights the ServiceEntry has: the planner's
+// unchanged decision carries the last cycle's basis, and writing it would undo a later write.
+// The published operator's algorithm never re-plans.
+func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T) {
+	m := NewMembership(clocktesting.NewFakeClock(time.Unix(1_000_000, 0)))
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
+	alb.Spec.Algorithm = adlbv1.AlgorithmCapacity
+	// Four equal pods at equal weights: the engine keeps every weight.
+	var eps []weights.Endpoint
+	se := &networkingv1.ServiceEntry{}
+	var built []istio.Endpoint
+	for i := 1; i <= 4; i++ {
+		ip := fmt.Sprintf("10.0.0.%d", i)
+		eps = append(eps, weights.Endpoint{ID: ip, CPUCores: 0.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
+		// A later write moved every weight to 150.
+		se.Spec.Endpoints = append(se.Spec.Endpoints, &apinetworkingv1.WorkloadEntry{Address: ip, Weight: 150})
+		if i > 1 {
+			built = append(built, istio.Endpoint{Pod: fmt.Sprintf("web-%d", i), IP: ip, Weight: 150})
+		}
+	}
+	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	if got := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
+	}
+
+	// Uneven costs make the capacity engine move the survivors; cpu-distance still never re-plans.
+	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5
+	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	if got := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
+		t.Fatalf("capacity re-plan %v: want web-2 (cheaper per request) above web-3", got)
+	}
+	alb.Spec.Algorithm = adlbv1.AlgorithmCPUDistance
+	if got := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("cpu-distance re-planned to %v; it must react in its cycle only", got)
+	}
+	// A recreated AdaptiveLoadBalancer of the same name does not inherit the plan.
+	alb.Spec.Algorithm, alb.UID = adlbv1.AlgorithmCapacity, "uid-2"
+	if got := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("a new AdaptiveLoadBalancer re-planned from its predecessor's cycle: %v", got)
 	}
 }

@@ -716,8 +716,11 @@ func (s *simulation) replan(t float64) {
 		current = append(current, s.weightOf[h])
 	}
 	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate(), Replan: true}, *s.settings)
-	if err != nil {
-		return // the last cycle's input was accepted; an error here leaves the weights as they are
+	if err != nil || !d.Changed {
+		// An error leaves the weights as they are (the last cycle's input was accepted). An
+		// unchanged decision returns the basis, the weights of the last cycle's window: writing
+		// it would undo that cycle's write.
+		return
 	}
 	changed := false
 	next := make(map[int32]int, len(ids))

@@ -198,6 +198,12 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		}
 		return d
 	}
+	// The gain smooths the correction against noise from cycle to cycle; a re-plan answers one
+	// known change of membership and takes the whole correction at once.
+	gain := p.Gain
+	if in.Replan {
+		gain = 1
+	}
 	logTarget := make([]float64, n)
 	have := make([]bool, n)
 	// A weighted endpoint that is too quiet to measure keeps its weight: it is usually quiet
@@ -226,7 +232,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			reasons[i] = shareReason
 		case ep.CurrentWeight > 0:
 			observed := ep.RequestRate / totalRate
-			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*beyondNoise(math.Log(share[i]/observed), ep.RequestRate*windowSeconds)
+			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + gain*beyondNoise(math.Log(share[i]/observed), ep.RequestRate*windowSeconds)
 			reasons[i] = ReasonUtilization
 		default:
 			reasons[i] = ReasonNewEndpoint

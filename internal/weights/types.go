@@ -86,7 +86,9 @@ type Input struct {
 	// observed while the departed endpoints still served, and RecentPeakRequestRate still holds
 	// their traffic, so the engine plans the whole load over the survivors. The window-settle
 	// rules (a window straddling a weight change, a load below the recent peak) do not hold the
-	// weights back then: the change is one of membership, not noise, and it is known now. Every
+	// weights back then, nor does the tail split's tolerance around the observed split (that
+	// split is the old membership's): the change is one of membership, not noise, and it is known
+	// now, so the feedback also takes its whole correction (gain 1) instead of Gain's share. Every
 	// bound (min and max weight, step and ratio limits, the overload cut) still applies, and so
 	// does the dead band: a re-plan that moves no traffic is not worth a write.
 	Replan bool
