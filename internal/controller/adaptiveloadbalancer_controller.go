@@ -290,7 +290,8 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
-	if replanned := r.Membership.replanWeights(alb, existing, endpoints); replanned != nil {
+	replanned := r.Membership.replanWeights(alb, existing, endpoints)
+	if replanned != nil {
 		// Endpoints left: the survivors' re-planned weights go out in this same write.
 		if in.Weights == nil {
 			in.Weights = map[string]uint32{}
@@ -307,6 +308,9 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	}
 	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
 		return mirrorOutcome{}, err
+	}
+	if replanned != nil {
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb))
 	}
 	return mirrorOutcome{
 		status: metav1.ConditionTrue,

@@ -27,6 +27,36 @@ type lastPlan struct {
 	at     time.Time
 	window time.Duration
 	target cycle.Target
+	// replanned is when the mirror last wrote re-planned weights (zero: never).
+	replanned time.Time
+}
+
+// Replanned records that re-planned weights for key were written now: the next cycle's window
+// then straddles a weight change, as after a cycle's own write.
+func (m *Membership) Replanned(key types.NamespacedName) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.mu.Unlock()
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	if p, ok := m.plans.byKey[key]; ok {
+		p.replanned = now
+		m.plans.byKey[key] = p
+	}
+}
+
+// LastReplan is when re-planned weights for key were last written; zero if never. The weight cycle counts it as a weight write for the window coverage. It is kept
+// in memory only: after a leader change the first cycle may take one mixed window as settled.
+func (m *Membership) LastReplan(key types.NamespacedName) time.Time {
+	if m == nil {
+		return time.Time{}
+	}
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	return m.plans.byKey[key].replanned
 }
 
 // RecordPlan keeps a cycle's input to the engine for key (endpoint IDs are IPs). Only inputs the
@@ -42,13 +72,23 @@ func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window 
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()
 	if t.MetricsErr != nil {
-		delete(m.plans.byKey, key)
+		// No observations to re-plan from; the time of the last re-plan stays.
+		if prev, ok := m.plans.byKey[key]; ok {
+			prev.target, prev.at = cycle.Target{}, time.Time{}
+			m.plans.byKey[key] = prev
+		}
 		return
 	}
 	if m.plans.byKey == nil {
 		m.plans.byKey = map[types.NamespacedName]lastPlan{}
 	}
-	m.plans.byKey[key] = lastPlan{uid: uid, at: at, window: window, target: t}
+	// The time of the last re-plan outlives the plan it came from: the windows of the next
+	// cycles straddle it until one window has passed.
+	var replanned time.Time
+	if prev, ok := m.plans.byKey[key]; ok && prev.uid == uid {
+		replanned = prev.replanned
+	}
+	m.plans.byKey[key] = lastPlan{uid: uid, at: at, window: window, target: t, replanned: replanned}
 }
 
 func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
@@ -92,7 +132,7 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	m.plans.mu.Lock()
 	plan, ok := m.plans.byKey[key]
 	m.plans.mu.Unlock()
-	if !ok || plan.uid != alb.UID || now.Sub(plan.at) > plan.window {
+	if !ok || plan.uid != alb.UID || plan.at.IsZero() || now.Sub(plan.at) > plan.window {
 		return nil
 	}
 	before := map[string]bool{}

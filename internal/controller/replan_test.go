@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -60,6 +61,7 @@ func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testi
 	written := lf.weights()
 	in := rep.Inputs[lf.key()]
 
+	lf.clock.Step(8 * time.Second) // within the metrics window (2 intervals): the plan still counts
 	gen, got, genAfter := lf.dropPod(1)
 	if genAfter != gen+1 {
 		t.Fatalf("ServiceEntry generation %d -> %d: the endpoint's removal and the re-plan must be one update", gen, genAfter)
@@ -88,6 +90,15 @@ func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testi
 		t.Fatalf("the re-plan kept every weight (%v): the scenario does not test it", got)
 	}
 	t.Logf("cycle: %v; after web-1 left: %v", orderedWeights(lf.ips, written), orderedWeights(lf.ips, got))
+
+	// The next cycle's window straddles the re-planned weights: its coverage counts from the
+	// re-plan (4 s of a 10 s window), not from the cycle's own last write 12 s ago.
+	lf.clock.Step(4 * time.Second)
+	lf.load(replanCores, replanRPS)
+	next := lf.run().Inputs[lf.key()]
+	if math.Abs(next.WindowCoverage-0.4) > 0.01 {
+		t.Fatalf("window coverage after the re-plan %.2f, want 0.40 (4 s since the re-plan over a 10 s window)", next.WindowCoverage)
+	}
 }
 
 func TestMirror_NoReplanWhenTheLastCyclesMetricsFailed(t *testing.T) {

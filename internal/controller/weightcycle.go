@@ -267,6 +267,10 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	var targets []cycle.Target
 	for _, d := range due {
+		// Weights the mirror re-planned when endpoints left count as a write for the coverage.
+		if at := w.Membership.LastReplan(d.key); at.After(d.lastWrite) {
+			d.lastWrite = at
+		}
 		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
 		d.observed.RecentPeakRequestRate = w.recentPeak(d.key, start, d.serviceRate, d.health.rateObserved)
 		report.Inputs[d.key] = d.observed
