@@ -261,6 +261,20 @@ type AdaptiveLoadBalancerStatus struct {
 	// LastWeightWrite is when weights were last written to the ServiceEntry.
 	// +optional
 	LastWeightWrite *metav1.Time `json:"lastWeightWrite,omitempty"`
+
+	// RecentPeak is the highest total request rate of the Service's pods that the weight cycle
+	// saw in the last 10 minutes, which the tail algorithm plans for, and when it saw it. A new
+	// leader continues from it instead of planning for its first cycle's rate alone.
+	// +optional
+	RecentPeak *RecentPeak `json:"recentPeak,omitempty"`
+}
+
+// RecentPeak is one observation of a Service's total request rate.
+type RecentPeak struct {
+	// RequestRate is in requests per second, summed over the Service's pods.
+	RequestRate Decimal `json:"requestRate"`
+	// ObservedAt is the weight cycle that observed it.
+	ObservedAt metav1.Time `json:"observedAt"`
 }
 
 // MaxStatusEndpoints bounds the endpoint list in status so the object stays small.

@@ -37,6 +37,10 @@ const (
 	// ReasonTooManyEndpoints: the ServiceEntry would exceed etcd's object size limit; it is
 	// deleted and the Service's clients use the Kubernetes endpoints, unweighted.
 	ReasonTooManyEndpoints = "TooManyEndpoints"
+	// ReasonStaleServiceEntryRemoved: mirroring the Service has failed for longer than the
+	// operator's --stale-serviceentry-timeout; the ServiceEntry, which no longer follows the
+	// endpoints, is deleted until a mirror succeeds again.
+	ReasonStaleServiceEntryRemoved = "StaleServiceEntryRemoved"
 	// ReasonEqualWeights: weights are equal; no weight cycle has run yet.
 	ReasonEqualWeights = "EqualWeights"
 	// ReasonWeightsApplied: the decided weights are in the ServiceEntry.

@@ -12,8 +12,10 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
@@ -49,9 +51,11 @@ func newFailsafeCmd() *cobra.Command {
 		Short: "Watchdog: delete the operator's ServiceEntries when no operator replica renews the leader lease",
 		Long: `failsafe runs beside the operator, sharing nothing with it but the API server. When the
 operator's leader Lease has not been renewed for --stale-after (every replica down, crash-looping or
-locked out), it deletes every ServiceEntry labelled app.kubernetes.io/managed-by=adaptive-lb, so the
-mesh falls back to the Kubernetes endpoints instead of keeping endpoints that go stale. When the
-operator leads again it re-creates them. It needs to read the Lease and to list and delete
+locked out), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by=adaptive-lb of its
+own installation (labelled adaptivelb.io/install=<lease namespace>.<lease name>, or without that
+label: written by an older operator), so the mesh falls back to the Kubernetes endpoints instead of
+keeping endpoints that go stale. Another installation's are never touched. When the operator leads
+again it re-creates them. It needs to read the Lease and to list and delete
 ServiceEntries, nothing else.
 
 With --uninstall (the chart's post-delete hook) it waits until no operator holds the lease, deletes
@@ -209,7 +213,22 @@ func (w *watchdog) check(ctx context.Context) {
 	w.fellBack = true
 }
 
-// deleteManaged deletes every ServiceEntry labelled as the operator's, in the watched namespaces.
+// installSelectors select the ServiceEntries this watchdog deletes: the managed ones labelled
+// with its installation (its Lease), and the managed ones without an installation label, which
+// an operator older than that label wrote. Those may be another installation's still on an old
+// version; deleting one of them is safe (the mesh falls back to the Kubernetes endpoints and its
+// live operator re-creates it at once), keeping a dead installation's forever is not. An upgraded
+// operator stamps its label on each of its ServiceEntries at the first reconcile, so once every
+// installation runs it, each watchdog deletes its own installation's only.
+func (w *watchdog) installSelectors() []labels.Selector {
+	managed, _ := labels.NewRequirement(controller.ManagedByLabel, selection.Equals, []string{controller.ManagedByValue})
+	mine, _ := labels.NewRequirement(controller.InstallLabel, selection.Equals, []string{controller.InstallID(w.lease.Namespace, w.lease.Name)})
+	legacy, _ := labels.NewRequirement(controller.InstallLabel, selection.DoesNotExist, nil)
+	return []labels.Selector{labels.NewSelector().Add(*managed, *mine), labels.NewSelector().Add(*managed, *legacy)}
+}
+
+// deleteManaged deletes the ServiceEntries of this installation (installSelectors), in the
+// watched namespaces.
 func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
 	namespaces := w.namespaces
 	if len(namespaces) == 0 {
@@ -218,21 +237,34 @@ func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
 	deleted := 0
 	var errs []error
 	for _, ns := range namespaces {
-		list := &metav1.PartialObjectMetadataList{}
-		list.SetGroupVersionKind(serviceEntryListGVK)
-		if err := w.client.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{controller.ManagedByLabel: controller.ManagedByValue}); err != nil {
-			errs = append(errs, fmt.Errorf("list managed ServiceEntries in %q: %w", ns, err))
+		for _, sel := range w.installSelectors() {
+			n, err := w.deleteSelected(ctx, ns, sel)
+			deleted += n
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return deleted, errors.Join(errs...)
+}
+
+// deleteSelected deletes the ServiceEntries sel selects in ns.
+func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Selector) (int, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(serviceEntryListGVK)
+	if err := w.client.List(ctx, list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return 0, fmt.Errorf("list ServiceEntries %s in %q: %w", sel, ns, err)
+	}
+	deleted := 0
+	var errs []error
+	for i := range list.Items {
+		se := &list.Items[i]
+		se.SetGroupVersionKind(serviceEntryGVK)
+		if err := w.client.Delete(ctx, se, client.Preconditions{UID: ptr.To(se.UID)}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err))
 			continue
 		}
-		for i := range list.Items {
-			se := &list.Items[i]
-			se.SetGroupVersionKind(serviceEntryGVK)
-			if err := w.client.Delete(ctx, se, client.Preconditions{UID: ptr.To(se.UID)}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-				errs = append(errs, fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err))
-				continue
-			}
-			deleted++
-		}
+		deleted++
 	}
 	return deleted, errors.Join(errs...)
 }

@@ -15,13 +15,16 @@ import (
 	"github.com/go-logr/logr"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
@@ -100,6 +103,14 @@ func TestFailsafe_DeletesStaleServiceEntriesUntilTheOperatorIsBack(t *testing.T)
 	c.createALB()
 	stopA, logsA := c.start("A", false)
 	c.waitForEndpoints(3, logsA)
+	// The operator names its installation, the Lease the watchdog reads, on the ServiceEntry.
+	se := &networkingv1.ServiceEntry{}
+	if err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web"}, se); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := se.Labels[controller.InstallLabel], controller.InstallID(operatorNamespace, "adaptive-lb.adaptivelb.io"); got != want {
+		t.Fatalf("the operator's ServiceEntry has %s=%q, want %q", controller.InstallLabel, got, want)
+	}
 
 	stopWatchdog, watchdogLogs := c.startFailsafe("--stale-after", "6s", "--check-interval", "200ms", "--log-level", "debug")
 	defer stopWatchdog()
@@ -291,4 +302,103 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 	if present() {
 		t.Fatal("the watchdog kept the ServiceEntries of an operator that stopped renewing long ago")
 	}
+}
+
+// Two installations of adaptive-lb in one cluster (each with its own Lease) each run a
+// watchdog without --namespaces: the watchdog of the one whose operator is down deletes that
+// installation's ServiceEntries, and those without an installation label (written before the
+// label existed, see installSelectors), never the other installation's.
+func TestFailsafe_DeletesOnlyItsOwnInstallationsServiceEntries(t *testing.T) {
+	admin, _, _ := operatorEnv(t, nil)
+	ctx := context.Background()
+	now := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
+	clk := clocktesting.NewFakePassiveClock(now)
+	const leaseName = "adaptive-lb.adaptivelb.io"
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: leaseName, Namespace: operatorNamespace},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("op-1"), LeaseDurationSeconds: ptr.To[int32](15),
+			RenewTime: &metav1.MicroTime{Time: now.Add(-time.Hour)}}}
+	if err := admin.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"shop", "web"} {
+		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serviceEntry := func(ns, name string, labels map[string]string) types.NamespacedName {
+		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}}
+		se.Spec.Hosts = []string{name + "." + ns + ".svc.cluster.local"}
+		if err := admin.Create(ctx, se); err != nil {
+			t.Fatal(err)
+		}
+		return client.ObjectKeyFromObject(se)
+	}
+	managed := func(install string) map[string]string {
+		l := map[string]string{controller.ManagedByLabel: controller.ManagedByValue}
+		if install != "" {
+			l[controller.InstallLabel] = install
+		}
+		return l
+	}
+	ours := controller.InstallID(operatorNamespace, leaseName)
+	theirs := controller.InstallID("team-b-adaptive-lb", leaseName)
+	gone := []types.NamespacedName{
+		serviceEntry("shop", "cart", managed(ours)),
+		serviceEntry("web", "front", managed(ours)),
+		serviceEntry("web", "legacy", managed("")),
+	}
+	kept := []types.NamespacedName{
+		serviceEntry("shop", "other-install", managed(theirs)),
+		serviceEntry("web", "other-install", managed(theirs)),
+		serviceEntry("web", "not-managed", map[string]string{"team": "web"}),
+	}
+
+	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
+		lease: types.NamespacedName{Namespace: operatorNamespace, Name: leaseName}}
+	w.check(ctx)
+	clk.SetTime(now.Add(15 * time.Second))
+	w.check(ctx) // the second reading confirms the stale record: the watchdog deletes
+	for _, key := range gone {
+		if err := admin.Get(ctx, key, &networkingv1.ServiceEntry{}); !apierrors.IsNotFound(err) {
+			t.Errorf("ServiceEntry %s of the installation whose operator is down is still there (%v)", key, err)
+		}
+	}
+	for _, key := range kept {
+		if err := admin.Get(ctx, key, &networkingv1.ServiceEntry{}); err != nil {
+			t.Errorf("ServiceEntry %s, not this installation's, was deleted: %v", key, err)
+		}
+	}
+}
+
+func TestInstallID_IsAValidLabelValueNamingTheLease(t *testing.T) {
+	if got := controller.InstallID("adaptive-lb-system", "adaptive-lb.adaptivelb.io"); got != "adaptive-lb-system.adaptive-lb.adaptivelb.io" {
+		t.Errorf("InstallID = %q", got)
+	}
+	long := strings.Repeat("n", 63)
+	a, b := controller.InstallID(long, "adaptive-lb.adaptivelb.io"), controller.InstallID(long, "adaptive-lb.other.io")
+	for _, id := range []string{a, b} {
+		if errs := validation.IsValidLabelValue(id); len(errs) > 0 {
+			t.Errorf("InstallID %q is no label value: %v", id, errs)
+		}
+	}
+	if a == b {
+		t.Errorf("two Leases with long names share the InstallID %q", a)
+	}
+}
+
+// A managed ServiceEntry left without an owner while no operator ran (its AdaptiveLoadBalancer
+// deleted with --cascade=orphan, say) is deleted when an operator starts, running as its own
+// least-privilege ServiceAccount.
+func TestRun_DeletesOrphanedServiceEntriesAtStart(t *testing.T) {
+	c := newOpsCluster(t)
+	orphan := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "left-over", Namespace: opsApp,
+		Labels: map[string]string{controller.ManagedByLabel: controller.ManagedByValue, controller.ServiceEntryOwnerLabel: "gone"}}}
+	orphan.Spec.Hosts = []string{"left-over." + opsApp + ".svc.cluster.local"}
+	c.create(orphan)
+	stop, logs := c.start("A", true)
+	defer stop()
+	c.waitFor("the orphaned ServiceEntry is deleted at start", func() bool {
+		err := c.admin.Get(c.ctx, client.ObjectKeyFromObject(orphan), &networkingv1.ServiceEntry{})
+		return apierrors.IsNotFound(err)
+	}, logs)
 }

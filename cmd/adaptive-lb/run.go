@@ -45,31 +45,32 @@ import (
 
 // runOptions are the operator's flags; defaults are documented in docs/operations.md.
 type runOptions struct {
-	kubeconfig              string
-	metricsAddr             string
-	secureMetrics           bool
-	probeAddr               string
-	leaderElect             bool
-	leaderElectionNamespace string
-	leaderElectionID        string
-	leaseDuration           time.Duration
-	renewDeadline           time.Duration
-	retryPeriod             time.Duration
-	releaseOnCancel         bool
-	clusterDomain           string
-	workers                 int
-	qps                     float32
-	burst                   int
-	logLevel                string
-	cycleTick               time.Duration
-	writeBudget             int
-	holdIntervals           int
-	endpointWeightMetrics   bool
-	allowQueryOverrides     bool
-	watchNamespaces         []string
-	logOutput               io.Writer // the command's stderr
-	source                  *metricsSourceFlags
-	sourceConfig            metrics.Config
+	kubeconfig               string
+	metricsAddr              string
+	secureMetrics            bool
+	probeAddr                string
+	leaderElect              bool
+	leaderElectionNamespace  string
+	leaderElectionID         string
+	leaseDuration            time.Duration
+	renewDeadline            time.Duration
+	retryPeriod              time.Duration
+	releaseOnCancel          bool
+	clusterDomain            string
+	workers                  int
+	qps                      float32
+	burst                    int
+	logLevel                 string
+	cycleTick                time.Duration
+	writeBudget              int
+	holdIntervals            int
+	staleServiceEntryTimeout time.Duration
+	endpointWeightMetrics    bool
+	allowQueryOverrides      bool
+	watchNamespaces          []string
+	logOutput                io.Writer // the command's stderr
+	source                   *metricsSourceFlags
+	sourceConfig             metrics.Config
 }
 
 func newRunCmd() *cobra.Command {
@@ -110,6 +111,7 @@ func newRunCmd() *cobra.Command {
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	f.DurationVar(&o.cycleTick, "cycle-tick", 5*time.Second, "the weight cycle's tick; each AdaptiveLoadBalancer's interval is rounded up to a multiple of it")
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
+	f.DurationVar(&o.staleServiceEntryTimeout, "stale-serviceentry-timeout", controller.DefaultStaleServiceEntryTimeout, "how long mirroring a Service may keep failing (its ServiceEntry write refused, its pods or nodes unreadable) before its ServiceEntry, which no longer follows the endpoints, is deleted so that clients use the Kubernetes endpoints; re-created once a mirror succeeds")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
@@ -132,6 +134,9 @@ func (o *runOptions) validate() error {
 	}
 	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
 		return newUsageError("leader election needs lease duration > renew deadline > retry period > 0 (got %v, %v, %v)", o.leaseDuration, o.renewDeadline, o.retryPeriod)
+	}
+	if o.staleServiceEntryTimeout < 10*time.Second {
+		return newUsageError("--stale-serviceentry-timeout %v must be at least 10s: shorter, an API server hiccup or a leader change would delete ServiceEntries", o.staleServiceEntryTimeout)
 	}
 	if o.cycleTick < time.Second || o.writeBudget < 0 || o.holdIntervals < 1 {
 		return newUsageError("--cycle-tick must be at least 1s, --write-budget at least 0 and --hold-intervals at least 1")
@@ -214,6 +219,13 @@ func (o *runOptions) run(ctx context.Context) error {
 			return err
 		}
 	}
+	// Without leader election too, when the Lease's namespace is known (in a pod it is): the
+	// label keeps another installation's watchdog off this one's ServiceEntries.
+	if namespace, err := leaseNamespace(o.leaderElectionNamespace); err == nil {
+		shared.installID = controller.InstallID(namespace, o.leaderElectionID)
+	} else {
+		logger.Info("ServiceEntries carry no installation label: the leader Lease's namespace is unknown outside a pod without --leader-election-namespace; every installation's fail-open watchdog treats them as written by an older version", "error", err.Error())
+	}
 	// The probes are served by the process, not by each manager: they answer while the
 	// operator waits for its CRD and while a manager is rebuilt, so the liveness probe does not
 	// restart a pod that is only waiting.
@@ -293,7 +305,10 @@ type sharedParts struct {
 	source     metrics.Source           // nil without --tsdb-url
 	cycle      *controller.CycleMetrics // nil without --tsdb-url
 	leaderLock resourcelock.Interface   // nil without --leader-elect
-	probes     *probes
+	// installID names this installation on its ServiceEntries (controller.InstallLabel): its
+	// leader Lease, which the fail-open watchdog also reads ("" when its namespace is unknown).
+	installID string
+	probes    *probes
 }
 
 // isLeadershipLost recognises the error controller-runtime's manager returns when its leader
@@ -368,6 +383,9 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
 		Metrics:       shared.metrics,
 		ClusterDomain: o.clusterDomain,
+
+		StaleServiceEntryTimeout: o.staleServiceEntryTimeout,
+		InstallID:                shared.installID,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)

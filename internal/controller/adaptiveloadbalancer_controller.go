@@ -4,6 +4,8 @@ package controller
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -24,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -42,7 +45,22 @@ const (
 	ManagedByValue = "adaptive-lb"
 	// ServiceEntryOwnerLabel names the AdaptiveLoadBalancer that owns a ServiceEntry.
 	ServiceEntryOwnerLabel = "adaptivelb.io/owner"
+	// InstallLabel names the installation that wrote a ServiceEntry (InstallID: its leader
+	// Lease), so that one installation's fail-open watchdog deletes only its own.
+	InstallLabel = "adaptivelb.io/install"
 )
+
+// InstallID is the value of InstallLabel for the installation whose operators elect their
+// leader through the Lease leaseNamespace/leaseName: "<namespace>.<name>", or, when that is
+// longer than a label value may be, its first 52 characters and a hash of the whole.
+func InstallID(leaseNamespace, leaseName string) string {
+	id := leaseNamespace + "." + leaseName
+	if len(id) <= validation.LabelValueMaxLength {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return id[:52] + "-" + hex.EncodeToString(sum[:])[:10]
+}
 
 // Event reasons.
 const (
@@ -70,6 +88,14 @@ type AdaptiveLoadBalancerReconciler struct {
 	MaxEndpoints int
 	// Activity, if set, counts reconciles under way; once it is closed none starts.
 	Activity *Activity
+	// StaleServiceEntryTimeout is how long the mirror of a Service may keep failing before its
+	// ServiceEntry is deleted (0: DefaultStaleServiceEntryTimeout).
+	StaleServiceEntryTimeout time.Duration
+	// InstallID, if set, is stamped on every ServiceEntry as InstallLabel (see InstallID).
+	InstallID string
+
+	// failingSince holds, per AdaptiveLoadBalancer whose mirror fails, when the failures began.
+	failingSince sync.Map // types.NamespacedName → time.Time
 
 	propagation     *propagationTracker
 	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
@@ -133,9 +159,10 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 			r.propagation.restore(req.NamespacedName, eventAt)
 		}
 		r.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
-		outcome = mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: err.Error(), keepEndpoints: true}
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
+		outcome = r.removeStale(ctx, alb, err)
 	} else {
+		r.failingSince.Delete(req.NamespacedName)
 		// What the ServiceEntry now lists, for the weight cycle's per-endpoint time in it.
 		if outcome.status == metav1.ConditionTrue {
 			eps := make([]MemberEndpoint, len(outcome.endpoints))
@@ -303,7 +330,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		log.FromContext(ctx).Info("weights re-planned for the endpoints that stay", "endpoints", len(endpoints))
 	}
 	if existing != nil && cached != nil && existing.ResourceVersion != cached.ResourceVersion &&
-		upToDate(existing, spec) && !upToDate(cached, spec) {
+		r.upToDate(existing, spec) && !r.upToDate(cached, spec) {
 		return mirrorOutcome{}, errStaleView
 	}
 	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
@@ -323,9 +350,24 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	}, nil
 }
 
-// upToDate reports whether the ServiceEntry already has the desired spec and is marked as ours.
-func upToDate(se *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry) bool {
-	return proto.Equal(&se.Spec, spec) && se.Labels[ManagedByLabel] == ManagedByValue
+// upToDate reports whether the ServiceEntry already has the desired spec and is marked as ours
+// (and as this installation's: one written by an older version gets the label at the next
+// reconcile).
+func (r *AdaptiveLoadBalancerReconciler) upToDate(se *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry) bool {
+	return proto.Equal(&se.Spec, spec) && se.Labels[ManagedByLabel] == ManagedByValue &&
+		(r.InstallID == "" || se.Labels[InstallLabel] == r.InstallID)
+}
+
+// stampLabels marks se as this operator's, owned by alb.
+func (r *AdaptiveLoadBalancerReconciler) stampLabels(se *networkingv1.ServiceEntry, alb *adlbv1.AdaptiveLoadBalancer) {
+	if se.Labels == nil {
+		se.Labels = map[string]string{}
+	}
+	se.Labels[ManagedByLabel] = ManagedByValue
+	se.Labels[ServiceEntryOwnerLabel] = alb.Name
+	if r.InstallID != "" {
+		se.Labels[InstallLabel] = r.InstallID
+	}
 }
 
 // conflictWinner returns the name of an older AdaptiveLoadBalancer targeting the same Service,
@@ -513,9 +555,9 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 			ObjectMeta: metav1.ObjectMeta{
 				Name:      name,
 				Namespace: alb.Namespace,
-				Labels:    map[string]string{ManagedByLabel: ManagedByValue, ServiceEntryOwnerLabel: alb.Name},
 			},
 		}
+		r.stampLabels(se, alb)
 		proto.Merge(&se.Spec, spec)
 		if err := controllerutil.SetControllerReference(alb, se, r.Scheme); err != nil {
 			return fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
@@ -529,7 +571,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		log.FromContext(ctx).Info("ServiceEntry created", "serviceEntry", client.ObjectKeyFromObject(se), "endpoints", len(spec.Endpoints), "writeReason", reason)
 		return nil
 	}
-	if upToDate(existing, spec) {
+	if r.upToDate(existing, spec) {
 		return nil
 	}
 	// An update based on the newest known version (see serviceEntryVersions): it conflicts only
@@ -537,11 +579,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	updated := existing.DeepCopy()
 	updated.Spec.Reset()
 	proto.Merge(&updated.Spec, spec)
-	if updated.Labels == nil {
-		updated.Labels = map[string]string{}
-	}
-	updated.Labels[ManagedByLabel] = ManagedByValue
-	updated.Labels[ServiceEntryOwnerLabel] = alb.Name
+	r.stampLabels(updated, alb)
 	if err := r.Update(ctx, updated); err != nil {
 		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
@@ -610,6 +648,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 // its membership record (which the weight cycle also prunes, but no cycle runs without a TSDB).
 func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
 	r.lastStatusWrite.Delete(key)
+	r.failingSince.Delete(key)
 	r.Membership.Forget(key)
 	r.propagation.begin(key)
 	r.Metrics.SetEndpointWeights(key.Namespace, key.Name, nil, nil)

@@ -24,6 +24,9 @@ type Metrics struct {
 	ServiceEntryWrites *prometheus.CounterVec
 	// ReconcileErrors counts failed reconciles by reason.
 	ReconcileErrors *prometheus.CounterVec
+	// StaleServiceEntryDeletions counts ServiceEntries deleted because their mirror kept failing
+	// for longer than the stale timeout, and the deletions that failed.
+	StaleServiceEntryDeletions *prometheus.CounterVec
 	// EndpointWeights is every endpoint's weight, or nil when turned off (one series per pod:
 	// too many on the largest clusters).
 	EndpointWeights *prometheus.GaugeVec
@@ -88,8 +91,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "adaptivelb_reconcile_errors_total",
 			Help: "Failed reconciles of AdaptiveLoadBalancers, by reason.",
 		}, []string{"reason"}),
+		StaleServiceEntryDeletions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "adaptivelb_stale_serviceentry_deletions_total",
+			Help: "ServiceEntries deleted because mirroring their Service kept failing for longer than --stale-serviceentry-timeout (result=deleted), and such deletions that failed (result=failed).",
+		}, []string{"result"}),
 	}
 	m.EndpointPropagation = register(reg, m.EndpointPropagation)
+	m.StaleServiceEntryDeletions = register(reg, m.StaleServiceEntryDeletions)
 	m.ServiceEntryWrites = register(reg, m.ServiceEntryWrites)
 	m.ReconcileErrors = register(reg, m.ReconcileErrors)
 	return m

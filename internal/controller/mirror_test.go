@@ -600,3 +600,34 @@ func TestMirror_DeletingTheAdaptiveLoadBalancerDropsItsMembershipRecord(t *testi
 		return nil
 	})
 }
+
+// A Service annotated exportTo "~" is visible in no namespace: a ServiceEntry exported the same
+// way would weight nothing while the status called it mirrored. It is Unsupported, and the
+// ServiceEntry written before the annotation goes.
+func TestMirror_AServiceExportedToNoNamespaceIsUnsupported(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	svc := f.service("web")
+	f.pod("web", "web-1", "10.8.1.1")
+	f.slice("web", "web-x", ready("web-1", "10.8.1.1"))
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.8.1.1")
+
+	if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(svc), svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Annotations = map[string]string{"networking.istio.io/exportTo": "~"}
+	if err := k8s.Update(f.ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	c := f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonUnsupported)
+	if !strings.Contains(c.Message, "exported to no namespace") {
+		t.Fatalf("message %q does not say why", c.Message)
+	}
+	f.eventually("ServiceEntry of the Service exported nowhere removed", func() error {
+		if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (err %v)", err)
+		}
+		return nil
+	})
+}

@@ -102,6 +102,9 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	if err := SetupIndexes(ctx, mgr); err != nil {
 		return err
 	}
+	if err := (&orphanReconciler{r}).setup(mgr); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -117,7 +120,11 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, requeueAfterError),
+			// A failing one is also retried when its ServiceEntry turns stale, to delete it then.
+			RateLimiter: staleDeadlineLimiter{
+				TypedRateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](10*time.Millisecond, requeueAfterError),
+				untilStale:       r.untilStale,
+			},
 		}).
 		Complete(r)
 }

@@ -182,6 +182,9 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Metrics:       testMetrics,
 		ClusterDomain: "cluster.local",
 		MaxEndpoints:  suiteMaxEndpoints,
+
+		StaleServiceEntryTimeout: suiteStaleTimeout,
+		InstallID:                suiteInstallID,
 	}
 	r.observePropagation = propagationSamples.add
 	suiteReconciler = r

@@ -168,6 +168,49 @@ func (w *WeightCycle) recentPeak(key types.NamespacedName, now time.Time, rate f
 	return peak
 }
 
+// peakObservation is the highest rate in key's history (the latest of equal ones). The cycle
+// holds w.mu.
+func (w *WeightCycle) peakObservation(key types.NamespacedName) (rateObservation, bool) {
+	h := w.rateHistory[key]
+	if len(h) == 0 {
+		return rateObservation{}, false
+	}
+	peak := h[0]
+	for _, o := range h[1:] {
+		if o.rate >= peak.rate {
+			peak = o
+		}
+	}
+	return peak, true
+}
+
+// seedPeak starts key's rate history from status.recentPeak, which the previous leader wrote,
+// when it is still within peakRateWindow: otherwise a new leader would plan for its first
+// cycle's rate for the next ten minutes, less cautiously than for an unknown peak. A time
+// ahead of this process's clock (the other node's clock runs ahead) counts as now. The cycle
+// holds w.mu.
+func (w *WeightCycle) seedPeak(key types.NamespacedName, alb *adlbv1.AdaptiveLoadBalancer, now time.Time) {
+	p := alb.Status.RecentPeak
+	if p == nil || len(w.rateHistory[key]) > 0 {
+		return
+	}
+	rate, err := strconv.ParseFloat(string(p.RequestRate), 64)
+	if err != nil || rate <= 0 {
+		return
+	}
+	at := p.ObservedAt.Time
+	if at.After(now) {
+		at = now
+	}
+	if !at.After(now.Add(-peakRateWindow)) {
+		return
+	}
+	if w.rateHistory == nil {
+		w.rateHistory = map[types.NamespacedName][]rateObservation{}
+	}
+	w.rateHistory[key] = []rateObservation{{at: at, rate: rate}}
+}
+
 // statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
 // request rate: they change every cycle, and at 10,000 AdaptiveLoadBalancers on a 30 s interval
 // writing them each time would cost the API server 333 patches per second for numbers nothing
@@ -191,7 +234,10 @@ func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *a
 	return false
 }
 
-// signalsOnly reports whether two statuses differ in the endpoints' CPU and request rate alone.
+// signalsOnly reports whether two statuses differ in the endpoints' CPU and request rate alone,
+// and in a recent peak that did not rise by more than peakRewriteFactor: a new leader seeding
+// from a peak a little below the true one plans almost as cautiously, and a peak that fell is
+// on the safe side, so neither is worth a status write of its own every cycle.
 func signalsOnly(a, b *adlbv1.AdaptiveLoadBalancerStatus) bool {
 	strip := func(s *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
 		c := s.DeepCopy()
@@ -200,7 +246,29 @@ func signalsOnly(a, b *adlbv1.AdaptiveLoadBalancerStatus) bool {
 		}
 		return c
 	}
-	return apiequality.Semantic.DeepEqual(strip(a), strip(b))
+	sa, sb := strip(a), strip(b)
+	if minorPeakChange(a.RecentPeak, b.RecentPeak) {
+		sa.RecentPeak, sb.RecentPeak = nil, nil
+	}
+	return apiequality.Semantic.DeepEqual(sa, sb)
+}
+
+// peakRewriteFactor is how far the recent peak must rise above the one in status to be written
+// at once.
+const peakRewriteFactor = 1.1
+
+// minorPeakChange reports whether the recent peak went from old to updated without rising by
+// more than peakRewriteFactor; a first peak is no minor change.
+func minorPeakChange(old, updated *adlbv1.RecentPeak) bool {
+	if updated == nil {
+		return true
+	}
+	if old == nil {
+		return false
+	}
+	o, errO := strconv.ParseFloat(string(old.RequestRate), 64)
+	u, errU := strconv.ParseFloat(string(updated.RequestRate), 64)
+	return errO == nil && errU == nil && u <= o*peakRewriteFactor
 }
 
 // NeedLeaderElection: only the leader writes weights.
@@ -272,7 +340,12 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 			d.lastWrite = at
 		}
 		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
+		if _, planned := w.states[d.key]; !planned {
+			// A new leader, or the first cycle: continue from the peak the status recorded.
+			w.seedPeak(d.key, d.alb, start)
+		}
 		d.observed.RecentPeakRequestRate = w.recentPeak(d.key, start, d.serviceRate, d.health.rateObserved)
+		d.peak, d.hasPeak = w.peakObservation(d.key)
 		report.Inputs[d.key] = d.observed
 		targets = append(targets, d.observed)
 	}
@@ -403,6 +476,10 @@ type dueTarget struct {
 	writeErr error
 	// serviceRate is the Service's request rate this cycle: the sum of its pods' usable rates.
 	serviceRate float64
+	// peak is the highest of the Service's rates within peakRateWindow, for status.recentPeak;
+	// hasPeak is false when none was observed.
+	peak    rateObservation
+	hasPeak bool
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
 	// new endpoints up over it, so their early signals do not show their capacity.
 	warmup time.Duration
@@ -715,6 +792,9 @@ type metricsHealth struct {
 	detail []string
 	// rateObserved: some pod's request rate was usable, and serviceRate sums them.
 	rateObserved bool
+	// histogramFailure is the failure of the latency-histogram query, when it failed for the
+	// Service's pods: the engine does without the histograms.
+	histogramFailure error
 }
 
 // minMembershipShare is the share of the metrics window an endpoint must have spent in the
@@ -801,6 +881,9 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		ep.LatencyBuckets = latencyBuckets(o.LatencyBuckets)
 		if queryFailure(o.LatencyBucketsErr) {
 			note(o.LatencyBucketsErr) // for the log; the engine does without the histogram
+			if h.histogramFailure == nil {
+				h.histogramFailure = o.LatencyBucketsErr
+			}
 		}
 		if o.RequestRate.Usable() {
 			// The whole window's rate, whatever the pod's time in the ServiceEntry: it is
@@ -975,6 +1058,13 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
 	}
 	weightsCond.Message = shorten(weightsCond.Message, 600)
+	if h.histogramFailure != nil && weightsCond.Status == metav1.ConditionTrue {
+		// Only in the message, and by reason rather than the full error (which can change every
+		// cycle): the weights are still applied, so Ready stays True and the status is not
+		// rewritten each cycle; the error itself is in the log and the query-error counter.
+		weightsCond.Message += fmt.Sprintf("; the latency-histogram query failed (%s): the weights are computed without latency histograms (adaptivelb_metrics_query_errors_total{signal=\"latencyHistogram\"}; the weight cycle's log has the error)",
+			metrics.Reason(h.histogramFailure))
+	}
 	return metricsCond, weightsCond
 }
 
@@ -1018,6 +1108,12 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		if applied {
 			t := metav1.NewTime(now)
 			alb.Status.LastWeightWrite = &t
+		}
+		if d.hasPeak {
+			alb.Status.RecentPeak = &adlbv1.RecentPeak{
+				RequestRate: adlbv1.Decimal(strconv.FormatFloat(d.peak.rate, 'f', 1, 64)),
+				ObservedAt:  metav1.NewTime(d.peak.at),
+			}
 		}
 		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
 		return !w.skipStatusWrite(d.key, before, &alb.Status, now)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +27,7 @@ import (
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 )
 
@@ -614,4 +617,104 @@ func TestMirror_AFlappingPodReturnsAtItsWeight(t *testing.T) {
 	if got := lf.weights()[slow]; got != w[slow] {
 		t.Fatalf("the slow pod came back at weight %d, want the %d it had (weights before %v)", got, w[slow], orderedWeights(lf.ips, w))
 	}
+}
+
+// The recent peak rate survives a leader change: the leader records it in status.recentPeak,
+// and a new leader, which has no history of its own, plans for it until it leaves the window,
+// instead of for its first cycle's (quiet) rate.
+func TestWeightCycle_ANewLeaderPlansForThePreviousLeadersRecentPeak(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	quietCores, quietRPS := make([]float64, len(skewedCores)), make([]float64, len(equalRPS))
+	for i := range quietCores {
+		quietCores[i], quietRPS[i] = skewedCores[i]*0.1, equalRPS[i]*0.1
+	}
+	lf.load(skewedCores, equalRPS) // 600 rps in all
+	peakAt := lf.clock.Now()
+	lf.run()
+	lf.eventually("the operator's cache sees status.recentPeak", func() error {
+		a := &adlbv1.AdaptiveLoadBalancer{}
+		if err := operatorClient.Get(lf.ctx, lf.key(), a); err != nil {
+			return err
+		}
+		p := a.Status.RecentPeak
+		if p == nil {
+			return errNotYet
+		}
+		rate, err := strconv.ParseFloat(string(p.RequestRate), 64)
+		if err != nil || math.Abs(rate-600) > 6 || !p.ObservedAt.Time.Equal(peakAt) {
+			return fmt.Errorf("recentPeak %s at %s, want 600 at %s", p.RequestRate, p.ObservedAt.Time, peakAt)
+		}
+		return nil
+	})
+	// The leader goes; the traffic falls to 60 rps, longer than the metrics window.
+	for range 3 {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	successor := func() *WeightCycle {
+		src, err := metrics.New(metrics.Config{URL: lf.vm.URL}, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &WeightCycle{
+			Client: operatorClient, APIReader: k8s, Source: src, Recorder: record.NewFakeRecorder(100), Clock: lf.clock,
+			Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
+			Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions, Membership: sharedMembership,
+		}
+	}
+	rep, err := successor().RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Inputs[lf.key()].RecentPeakRequestRate; math.Abs(got-600) > 6 {
+		t.Fatalf("the new leader's first cycle at 60 rps plans for a recent peak of %.1f, want the previous leader's 600", got)
+	}
+
+	// Once the recorded peak has left the window, a new leader plans for what it sees.
+	for lf.clock.Now().Sub(peakAt) <= peakRateWindow {
+		lf.clock.Step(loopInterval)
+		lf.load(quietCores, quietRPS)
+	}
+	rep, err = successor().RunOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Inputs[lf.key()].RecentPeakRequestRate; math.Abs(got-60) > 1 {
+		t.Fatalf("a new leader %s after the recorded peak plans for %.1f, want the current 60", lf.clock.Now().Sub(peakAt), got)
+	}
+}
+
+// A latency-histogram query that fails (here: its answer is larger than the source's response
+// limit, as at the largest fleets) leaves the weights to the other signals; it shows in the
+// WeightsApplied message, not in Ready, which stays True: the weights are applied.
+func TestWeightCycle_AFailedLatencyHistogramQueryIsReportedWithoutFailingReady(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(skewedCores, equalRPS)
+	now := lf.clock.Now()
+	var b strings.Builder
+	for i := range lf.ips {
+		for le := 1; le <= 40; le++ {
+			b.WriteString(vmtest.Counter(fmt.Sprintf(`istio_request_duration_milliseconds_bucket{reporter="destination",namespace=%q,pod="web-%d",le="%d"}`, lf.ns, i+1, le*5), float64(le), now.Add(-time.Minute), now, time.Second))
+		}
+	}
+	lf.vm.ImportText(t, b.String())
+	// 240 histogram series answer with tens of kilobytes; each other query's six series with a
+	// few. The limit sits between.
+	src, err := metrics.New(metrics.Config{URL: lf.vm.URL, MaxResponseBytes: 16 << 10}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf.loop.Source = src
+	rep := lf.run()
+	for _, e := range rep.Inputs[lf.key()].Endpoints {
+		if len(e.LatencyBuckets) != 0 {
+			t.Fatalf("%s got latency buckets though the histogram query should fail at the size limit", e.ID)
+		}
+	}
+	c := lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied)
+	if !strings.Contains(c.Message, "latency-histogram query failed (too_large)") {
+		t.Fatalf("WeightsApplied does not report the failed histogram query: %q", c.Message)
+	}
+	lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionTrue, adlbv1.ReasonMetricsOK)
+	lf.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }

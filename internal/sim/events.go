@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // eventKind enumerates what can happen in the simulation.
@@ -24,21 +25,46 @@ const (
 
 // event is ordered by (t, seq): seq makes ties deterministic in scheduling order. The sequence
 // number and the kind share one word, the sequence number in the high bits, so that an event is
-// 24 bytes (every queue moves events by value) and ordering by the word orders by seq.
+// 24 bytes (every queue moves events by value) and ordering by the word orders by seq. A pod
+// wake's key also names its pod, between the two (wakeKey), so that the wake tree need not
+// keep anything else.
 type event struct {
 	t   float64
-	key uint64 // seq<<8 | kind
+	key uint64 // seq<<seqShift | pod<<8 (wakes only) | kind
 	a   int32
 	b   uint32
 }
 
+const (
+	seqShift = 24 // 2⁴⁰ events per run
+	podBits  = seqShift - 8
+	// maxPods is how many pods a run can create: a wake's key holds the pod id.
+	maxPods = 1 << podBits
+)
+
+// wakeKey is the key of a wake of pod with sequence number seq.
+func wakeKey(seq uint64, pod int32) uint64 {
+	return seq<<seqShift | uint64(pod)<<8 | uint64(evPodWake)
+}
+
+// wakePod is the pod whose wake has key.
+func wakePod(key uint64) int32 { return int32(key >> 8 & (maxPods - 1)) }
+
 func (e *event) kind() eventKind { return eventKind(e.key) }
 
 func (e *event) before(o *event) bool {
-	if e.t != o.t {
-		return e.t < o.t
-	}
-	return e.key < o.key
+	return precedesBits(math.Float64bits(e.t), e.key, math.Float64bits(o.t), o.key)
+}
+
+// precedesBits reports whether an event at time bits tb with key k orders before one at ob
+// with key ok, as one 128-bit unsigned subtraction with no branch: event times are never
+// negative, and the bits of non-negative floats (+Inf included) order as the floats do. The
+// result can feed conditional moves, which pay off where which of two events comes first is a
+// coin toss for the branch predictor.
+func precedesBits(tb, k, ob, ok uint64) bool {
+	_, borrow := bits.Sub64(k, ok, 0)
+	_, borrow = bits.Sub64(tb, ob, borrow)
+	return borrow != 0
 }
 
 // scheduler hands out events in (t, seq) order. Almost every event is one of three kinds, each
@@ -51,29 +77,40 @@ func (e *event) before(o *event) bool {
 //
 // Everything else (snapshots, controller cycles, scenario events) goes to a general heap. Every
 // event gets its seq from one counter, so the order, ties included, is the one a single heap
-// would give.
+// would give. The zero value is not ready: use newScheduler.
 type scheduler struct {
-	seq        uint64
-	arrival    event
-	hasArrival bool
-	hop        fifo // delay: half the network round trip
-	probe      fifo // delay: a Prequal probe's round trip
-	wakes      wakeTree
-	other      eventHeap
-	// fired is the pod whose wake pop handed out last, left in place for the pod to reschedule
-	// (setWake moves it, cancelWake drops it), while hasFired.
-	fired    int32
-	hasFired bool
+	seq     uint64
+	arrival event // noEvent when none is pending
+	hop     fifo  // delay: half the network round trip
+	probe   fifo  // delay: a Prequal probe's round trip
+	wakes   wakeTree
+	other   eventHeap
+	// rareT and rareKey are the order of the earlier of probe's and other's first events,
+	// worked out whenever either changes: most runs have no probes, and other's events are a few
+	// per simulated second, so earliest compares one source for both.
+	rareT, rareKey uint64
+}
+
+func newScheduler() scheduler {
+	return scheduler{arrival: noEvent, rareT: infBits, rareKey: math.MaxUint64}
+}
+
+// refreshRare works out rareT and rareKey.
+func (q *scheduler) refreshRare() {
+	q.rareT, q.rareKey = timeKey(q.probe.first())
+	if t, key := timeKey(q.other.head()); precedesBits(t, key, q.rareT, q.rareKey) {
+		q.rareT, q.rareKey = t, key
+	}
 }
 
 func (q *scheduler) next(t float64, kind eventKind, a int32, b uint32) event {
 	q.seq++
-	return event{t: t, key: q.seq<<8 | uint64(kind), a: a, b: b}
+	return event{t: t, key: q.seq<<seqShift | uint64(kind), a: a, b: b}
 }
 
 // setArrival schedules the next client arrival, which must not be pending already.
 func (q *scheduler) setArrival(t float64) {
-	q.arrival, q.hasArrival = q.next(t, evArrival, 0, 0), true
+	q.arrival = q.next(t, evArrival, 0, 0)
 }
 
 // pushHop schedules an event half a network round trip from now; t must not be earlier than
@@ -83,104 +120,120 @@ func (q *scheduler) pushHop(t float64, kind eventKind, a int32) { q.hop.push(q.n
 // pushProbe schedules a probe's return one probe round trip from now, in time order.
 func (q *scheduler) pushProbe(t float64, proxy int32, pod uint32) {
 	q.probe.push(q.next(t, evProbe, proxy, pod))
+	q.refreshRare()
 }
 
 // setWake schedules pod's next wake at t, replacing any pending one.
-func (q *scheduler) setWake(pod int32, t float64, version uint32) {
-	if q.hasFired && pod == q.fired {
-		q.hasFired = false
-	}
-	q.wakes.set(q.next(t, evPodWake, pod, version))
+func (q *scheduler) setWake(pod int32, t float64) {
+	q.seq++
+	q.wakes.set(event{t: t, key: wakeKey(q.seq, pod), a: pod})
 }
 
 // cancelWake drops pod's pending wake, if any.
 func (q *scheduler) cancelWake(pod int32) {
-	if q.hasFired && pod == q.fired {
-		q.hasFired = false
-	}
 	q.wakes.remove(pod)
 }
 
-// push schedules any other event.
+// push schedules any other event. Its time must not be negative (see precedesBits).
 func (q *scheduler) push(t float64, kind eventKind, a int32, b uint32) {
+	if !(t >= 0) {
+		panic(fmt.Sprintf("sim: event of kind %d scheduled at t=%v: event times must not be negative", kind, t))
+	}
 	q.other.push(q.next(t, kind, a, b))
+	q.refreshRare()
 }
 
-// noEvent stands for an empty source in pop: it comes after every event. Never written.
+// noEvent stands for an empty source in earliest: it comes after every event.
 var noEvent = event{t: math.Inf(1), key: math.MaxUint64}
 
-// pop removes the earliest event and copies it to ev; false when none is left.
-func (q *scheduler) pop(ev *event) bool {
-	const (
-		none = iota
-		arrival
-		hop
-		probe
-		wake
-		other
-	)
-	if q.hasFired { // the woken pod did not reschedule: its wake is spent
-		q.wakes.remove(q.fired)
-		q.hasFired = false
+// infBits is +Inf's bits: the time of noEvent and of an idle wake.
+var infBits = math.Float64bits(math.Inf(1))
+
+// timeKey returns e's order: its time's bits and its key, loaded before they are compared so
+// that choosing needs no further load.
+func timeKey(e *event) (uint64, uint64) { return math.Float64bits(e.t), e.key }
+
+// source is where the earliest pending event waits.
+type source uint8
+
+const (
+	srcArrival source = iota
+	srcHop
+	srcWake
+	srcRare // a probe or an event of the general heap
+)
+
+// earliest returns where the earliest pending event waits, its time and its key; the time is
+// +Inf when nothing is pending. It removes nothing: the caller takes the event from its source
+// (dropArrival, takeHop, takeRare), or, for a wake, has the pod move or cancel it. Telling the
+// caller the source, not only the event, lets it dispatch once instead of twice.
+func (q *scheduler) earliest() (source, float64, uint64) {
+	// Every source offers an event, noEvent when it has none. The earliest so far is held as
+	// its time's bits and its key, so that each source is one comparison whose outcome the
+	// compiler turns into conditional moves, not a branch that guesses which source is next.
+	bt, bk, src := math.Float64bits(q.arrival.t), q.arrival.key, srcArrival
+	if et, ek := timeKey(q.hop.first()); precedesBits(et, ek, bt, bk) {
+		bt, bk, src = et, ek, srcHop
 	}
-	// Every source offers an event, noEvent when it has none, so each is one comparison.
-	src, best := none, &noEvent
-	if q.hasArrival {
-		best, src = &q.arrival, arrival
+	if et, ek := q.wakes.head(); precedesBits(et, ek, bt, bk) {
+		bt, bk, src = et, ek, srcWake
 	}
-	if e := q.hop.first(); e.before(best) {
-		best, src = e, hop
+	if precedesBits(q.rareT, q.rareKey, bt, bk) {
+		bt, bk, src = q.rareT, q.rareKey, srcRare
 	}
-	if e := q.probe.first(); e.before(best) {
-		best, src = e, probe
-	}
-	if e := q.wakes.head(); e.before(best) {
-		best, src = e, wake
-	}
-	if e := q.other.head(); e.before(best) {
-		best, src = e, other
-	}
-	if math.IsInf(best.t, 1) { // nothing pending (an idle wake tree's root is at +Inf)
-		return false
-	}
-	*ev = *best
-	switch src {
-	case arrival:
-		q.hasArrival = false
-	case hop:
-		q.hop.drop()
-	case probe:
-		q.probe.drop()
-	case wake:
-		// Left in the heap: the pod almost always schedules its next wake at once, which then
-		// moves this entry instead of removing it and adding another.
-		q.fired, q.hasFired = ev.a, true
-	case other:
-		q.other.pop()
-	}
-	return true
+	return src, math.Float64frombits(bt), bk
 }
 
-// fifo is a queue of events scheduled in time order.
+// dropArrival removes the pending arrival.
+func (q *scheduler) dropArrival() { q.arrival = noEvent }
+
+// takeHop removes and returns the first event half a round trip from its start.
+func (q *scheduler) takeHop() event {
+	e := *q.hop.first()
+	q.hop.drop()
+	return e
+}
+
+// takeRare removes and returns the earlier of the first probe and the general heap's head.
+func (q *scheduler) takeRare() event {
+	var e event
+	if p := q.probe.first(); p.key == q.rareKey {
+		e = *p
+		q.probe.drop()
+	} else {
+		e = q.other.pop()
+	}
+	q.refreshRare()
+	return e
+}
+
+// fifo is a queue of events scheduled in time order, in a ring whose length is a power of two:
+// pushing and dropping move a counter, with nothing to compact.
 type fifo struct {
-	items []event
-	head  int
+	ring       []event
+	head, tail uint    // pending: ring positions head … tail-1, modulo len(ring)
+	last       float64 // the latest time pushed
 }
 
 func (f *fifo) push(e event) {
-	if n := len(f.items); n > f.head && e.t < f.items[n-1].t {
-		outOfOrder(e.t, f.items[n-1].t)
+	if e.t < f.last {
+		outOfOrder(e.t, f.last)
 	}
-	if f.head > 1024 && f.head*2 > len(f.items) {
-		f.compact()
+	f.last = e.t
+	if f.tail-f.head == uint(len(f.ring)) {
+		f.grow()
 	}
-	f.items = append(f.items, e)
+	f.ring[f.tail&uint(len(f.ring)-1)] = e
+	f.tail++
 }
 
-// compact moves the pending events to the front, out of push so that push stays inlinable.
-func (f *fifo) compact() {
-	f.items = append(f.items[:0], f.items[f.head:]...)
-	f.head = 0
+// grow doubles the ring, out of push so that push stays inlinable.
+func (f *fifo) grow() {
+	ring := make([]event, max(64, 2*len(f.ring)))
+	for i := f.head; i != f.tail; i++ {
+		ring[i-f.head] = f.ring[i&uint(len(f.ring)-1)]
+	}
+	f.ring, f.head, f.tail = ring, 0, f.tail-f.head
 }
 
 func outOfOrder(t, last float64) {
@@ -189,83 +242,70 @@ func outOfOrder(t, last float64) {
 
 // first returns the first event, or noEvent when the queue is empty.
 func (f *fifo) first() *event {
-	if f.head == len(f.items) {
+	if f.head == f.tail {
 		return &noEvent
 	}
-	return &f.items[f.head]
+	return &f.ring[f.head&uint(len(f.ring)-1)]
 }
 
-func (f *fifo) drop() {
-	f.head++
-	if f.head == len(f.items) {
-		f.items, f.head = f.items[:0], 0
-	}
-}
+func (f *fifo) drop() { f.head++ }
 
-// wakeTree holds each pod's pending wake in a tournament tree: every inner node names the pod
-// with the earliest wake below it, so the earliest is at the root, and moving or dropping a
-// pod's wake replays only the log₂(pods) matches on its path, with no positions to keep. Pods
-// wake about once per request and a wake moves with almost every arrival.
+// wakeTree holds each pod's pending wake in a tournament tree: every inner node holds the
+// earliest wake below it, so the earliest is at the root, and moving or dropping a pod's wake
+// replays only the log₂(pods) matches on its path, with no positions to keep. Pods wake about
+// once per request and a wake moves with almost every arrival. A node is a wake's order alone
+// (its time's bits and its key, which names the pod): 16 bytes, and each match keeps the
+// earlier of the wake coming up from below, held in registers, and its sibling by conditional
+// moves, as which one wins is a coin toss for a branch.
 type wakeTree struct {
-	wakes  []event // by pod id; t is +Inf when none is pending
-	winner []int32 // inner nodes 1..size-1; node size+i is the leaf of pod i
-	size   int     // leaves: a power of two, at least 2
+	// nodes[1] is the root, nodes[n] has children 2n and 2n+1, and nodes[size+i] is pod i's
+	// leaf: its pending wake, or idleWake.
+	nodes []wakeNode
+	size  int // leaves: a power of two, at least 2; 0 before the first pod
 }
 
-// head returns the earliest wake, which is at +Inf when no pod has one pending, or noEvent
-// before the first pod.
-func (w *wakeTree) head() *event {
+// wakeNode is a pod wake's order: its time's bits and its key (see wakeKey).
+type wakeNode struct{ t, key uint64 }
+
+// idleWake is the leaf of a pod with no wake pending: it orders after every wake.
+var idleWake = wakeNode{t: infBits, key: math.MaxUint64}
+
+// head returns the earliest wake's order, which is idleWake's when no pod has one pending.
+func (w *wakeTree) head() (t, key uint64) {
 	if w.size == 0 {
-		return &noEvent
+		return idleWake.t, idleWake.key
 	}
-	return &w.wakes[w.winner[1]]
+	return w.nodes[1].t, w.nodes[1].key
 }
 
+// set makes e, a wake of pod e.a keyed by wakeKey, that pod's pending wake.
 func (w *wakeTree) set(e event) {
 	if int(e.a) >= w.size {
 		w.grow(int(e.a) + 1)
 	}
-	w.wakes[e.a] = e
-	w.replay(int(e.a))
+	w.replay(w.size+int(e.a), wakeNode{t: math.Float64bits(e.t), key: e.key})
 }
 
 func (w *wakeTree) remove(pod int32) {
 	if int(pod) >= w.size {
 		return
 	}
-	w.wakes[pod].t = math.Inf(1)
-	w.replay(int(pod))
+	w.replay(w.size+int(pod), idleWake)
 }
 
-// replay reruns the matches from pod's leaf up to the root: first pod against its sibling leaf,
-// then between inner nodes' winners.
-func (w *wakeTree) replay(pod int) {
-	wakes, winner := w.wakes, w.winner
-	node := (w.size + pod) >> 1
-	winner[node] = earlier(wakes, int32(pod&^1), int32(pod|1))
-	for node >>= 1; node >= 1; node >>= 1 {
-		winner[node] = earlier(wakes, winner[2*node], winner[2*node+1])
+// replay puts n at leaf and reruns the matches from there up to the root.
+func (w *wakeTree) replay(leaf int, n wakeNode) {
+	nodes := w.nodes
+	nodes[leaf] = n
+	t, key := n.t, n.key
+	for node := leaf; node > 1; {
+		sibling := nodes[node^1]
+		if precedesBits(sibling.t, sibling.key, t, key) {
+			t, key = sibling.t, sibling.key
+		}
+		node >>= 1
+		nodes[node] = wakeNode{t: t, key: key}
 	}
-}
-
-// earlier returns whichever of pods l and r wakes first.
-func earlier(wakes []event, l, r int32) int32 {
-	if wakes[r].before(&wakes[l]) {
-		return r
-	}
-	return l
-}
-
-// match returns the pod with the earlier wake of the two nodes' winners.
-func (w *wakeTree) match(left, right int) int32 {
-	return earlier(w.wakes, w.leader(left), w.leader(right))
-}
-
-func (w *wakeTree) leader(node int) int32 {
-	if node >= w.size {
-		return int32(node - w.size)
-	}
-	return w.winner[node]
 }
 
 // grow makes room for pods pod ids and replays every match.
@@ -274,14 +314,21 @@ func (w *wakeTree) grow(pods int) {
 	for size < pods {
 		size *= 2
 	}
-	for len(w.wakes) < size {
-		w.wakes = append(w.wakes, event{t: math.Inf(1), a: int32(len(w.wakes))})
+	nodes := make([]wakeNode, 2*size)
+	for pod := range size {
+		nodes[size+pod] = idleWake
+		if pod < w.size {
+			nodes[size+pod] = w.nodes[w.size+pod]
+		}
 	}
-	w.size = size
-	w.winner = make([]int32, size)
 	for node := size - 1; node >= 1; node-- {
-		w.winner[node] = w.match(2*node, 2*node+1)
+		l, r := nodes[2*node], nodes[2*node+1]
+		nodes[node] = l
+		if precedesBits(r.t, r.key, l.t, l.key) {
+			nodes[node] = r
+		}
 	}
+	w.nodes, w.size = nodes, size
 }
 
 // eventHeap is a binary min-heap of events; container/heap's interface calls are not needed for

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"math/rand"
 	"slices"
@@ -142,7 +143,7 @@ func (s *edfScheduler) down(i int) {
 // active requests are indexed by pod id.
 type balancer struct {
 	hosts       []int32
-	policy      string
+	policy      lbPolicy
 	choiceCount int
 	bias        float64
 	weights     []float64
@@ -159,8 +160,30 @@ type balancer struct {
 // maxEDFPicks bounds the random pre-pick count, as Envoy's createWithPicks does (UINT32_MAX/10).
 const maxEDFPicks = 429496729
 
+// lbPolicy is a client balancer's policy, compared at every pick: an integer, not its name.
+type lbPolicy uint8
+
+const (
+	lbLeastRequest lbPolicy = iota
+	lbRoundRobin
+	lbRandom
+)
+
+// newBalancer returns a balancer for one of LBRoundRobin, LBRandom and LBLeastRequest; the
+// scenario's validation lets no other name through.
 func newBalancer(policy string, choiceCount int, bias float64) *balancer {
-	return &balancer{policy: policy, choiceCount: choiceCount, bias: bias}
+	b := &balancer{choiceCount: choiceCount, bias: bias}
+	switch policy {
+	case LBLeastRequest:
+		b.policy = lbLeastRequest
+	case LBRoundRobin:
+		b.policy = lbRoundRobin
+	case LBRandom:
+		b.policy = lbRandom
+	default:
+		panic(fmt.Sprintf("sim: client balancer %q is unknown", policy))
+	}
+	return b
 }
 
 // refresh rebuilds the balancer for a new host set or new weights, as Envoy does on an EDS update.
@@ -183,7 +206,7 @@ func (b *balancer) refresh(hosts []int32, weights []float64, active []int32, r *
 		b.rrIndex = uint64(r.Intn(len(weights)))
 	}
 	b.edf = edfScheduler{heap: b.edf.heap[:0]}
-	if b.equal || b.policy == LBRandom {
+	if b.equal || b.policy == lbRandom {
 		return
 	}
 	if b.edfSeed == 0 {
@@ -206,7 +229,7 @@ func (b *balancer) refresh(hosts []int32, weights []float64, active []int32, r *
 // host's penalty lasts until its next turn.
 func (b *balancer) effectiveWeight(h int, active []int32) float64 {
 	w := b.weights[h]
-	if b.policy != LBLeastRequest || b.bias == 0 {
+	if b.policy != lbLeastRequest || b.bias == 0 {
 		return w
 	}
 	a := float64(active[b.hosts[h]]) + 1
@@ -222,9 +245,9 @@ func (b *balancer) pick(active []int32, r *rand.Rand) int32 {
 	switch {
 	case n == 1:
 		return b.hosts[0]
-	case b.policy == LBRandom:
+	case b.policy == lbRandom:
 		return b.hosts[b.hostDraw.draw(r)]
-	case b.equal && b.policy == LBRoundRobin:
+	case b.equal && b.policy == lbRoundRobin:
 		b.rrIndex++
 		return b.hosts[b.rrIndex%uint64(n)]
 	case b.equal: // unweighted LEAST_REQUEST: power of choice_count choices, with replacement

@@ -35,8 +35,7 @@ type pod struct {
 	used      float64 // CPU-seconds spent in the current period
 	periodEnd float64
 	throttled bool
-	version   uint32 // invalidates stale wake events
-	wakeAt    float64
+	wakeAt    float64 // the pending wake's time; -1 when none is pending or it may be stale
 
 	inHostSet bool // receives new requests
 	born      float64

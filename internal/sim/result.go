@@ -153,8 +153,9 @@ const timelineBucket = 10
 
 func (s *simulation) result() *Result {
 	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, Weights: s.weightLog}
-	r.Requests = int64(s.latency.n)
-	r.Latency = s.latency.percentiles()
+	latency := mergeSketches(s.podLat, s.latencySum)
+	r.Requests = int64(latency.n)
+	r.Latency = latency.percentiles()
 	measured := s.end - s.warmup
 	for i, p := range s.pods {
 		var cpu0, from float64

@@ -78,9 +78,17 @@ type simulation struct {
 	lbRand  *rand.Rand // balancer choices and scenario randomness
 	// proxyDraw and workerDraw choose a request's client proxy and worker from arrRand.
 	proxyDraw, workerDraw boundedInt
+	// arrivals holds arrRand's draws for the next arrivals, drawn ahead (see drawArrivals);
+	// nextDraw is the next one to use.
+	arrivals []arrivalDraws
+	nextDraw int
+	// anyLognormal: some pod group's cost is lognormal, so the draws carry a normal quantile.
+	anyLognormal bool
 
 	end, warmup float64
 	rps         float64
+	// constantArrivals: the scenario's load comes at a fixed interval, not as a Poisson process.
+	constantArrivals bool
 
 	pods   []*pod
 	groups [][]int32     // pod ids per group, in creation order
@@ -93,9 +101,12 @@ type simulation struct {
 	reqs      []request
 	free      []int32 // recycled request ids
 	netHalf   float64
-	latency   latencySketch   // ms, requests sent after warm-up
-	podLat    []latencySketch // the same per pod
-	bucketLat latencySketch   // ms, every response in the current timeline bucket, warm-up included
+	// podLat counts the latencies (ms) of the requests sent after warm-up, per pod; the run's
+	// own sketch is their merge (see result), with latencySum, their sum in completion order,
+	// for its mean: one sketch less to fill per response.
+	podLat     []latencySketch
+	latencySum float64
+	bucketLat  latencySketch // ms, every response in the current timeline bucket, warm-up included
 	// Only with speed changes, for the recoveries: each warm latency (ms) and when it was
 	// received (s), in completion order.
 	keepLatencies bool
@@ -136,17 +147,19 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		return nil, err
 	}
 	s := &simulation{
-		sc:       sc,
-		policy:   policy,
-		opts:     opts,
-		arrRand:  rand.New(rand.NewSource(sc.Seed)),
-		lbRand:   rand.New(rand.NewSource(sc.Seed ^ 0x5eed)),
-		end:      sc.Duration.Seconds(),
-		warmup:   sc.Warmup.Seconds(),
-		rps:      sc.Load.RPS,
-		netHalf:  sc.Clients.NetworkLatency.Seconds() / 2,
-		weightOf: map[int32]int{},
-		pending:  map[uint32]map[int32]int{},
+		sc:               sc,
+		policy:           policy,
+		opts:             opts,
+		q:                newScheduler(),
+		arrRand:          rand.New(rand.NewSource(sc.Seed)),
+		lbRand:           rand.New(rand.NewSource(sc.Seed ^ 0x5eed)),
+		end:              sc.Duration.Seconds(),
+		warmup:           sc.Warmup.Seconds(),
+		rps:              sc.Load.RPS,
+		constantArrivals: sc.Load.Arrival == "constant",
+		netHalf:          sc.Clients.NetworkLatency.Seconds() / 2,
+		weightOf:         map[int32]int{},
+		pending:          map[uint32]map[int32]int{},
 		// The recoveries cut the latencies by time, which the sketches cannot.
 		keepLatencies: len(speedChanges(sc)) > 0,
 	}
@@ -188,6 +201,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 	s.groups = make([][]int32, len(sc.Pods))
 	for _, pg := range sc.Pods {
 		s.costs = append(s.costs, newCostSampler(pg.Cost))
+		s.anyLognormal = s.anyLognormal || s.costs[len(s.costs)-1].dist == costLognormal
 	}
 	for g, pg := range sc.Pods {
 		for i := 0; i < pg.Replicas; i++ {
@@ -228,7 +242,8 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 }
 
 func (s *simulation) schedule() {
-	s.q.setArrival(s.nextArrival(0))
+	s.q.setArrival(s.firstArrival())
+	s.drawArrivals()
 	for i, ph := range s.sc.Load.Phases {
 		s.q.push(ph.At.Seconds(), evPhase, int32(i), 0)
 	}
@@ -248,56 +263,114 @@ func (s *simulation) schedule() {
 	}
 }
 
-func (s *simulation) nextArrival(now float64) float64 {
-	if s.sc.Load.Arrival == "constant" {
-		return now + 1/s.rps
+// firstArrival is when the first client request is issued.
+func (s *simulation) firstArrival() float64 {
+	if s.constantArrivals {
+		return 1 / s.rps
 	}
-	return now + s.arrRand.ExpFloat64()/s.rps
+	return s.arrRand.ExpFloat64() / s.rps
+}
+
+// arrivalDraws are what one arrival draws from arrRand, in the order it draws them: the gap to
+// the next arrival before the request is sent (Poisson arrivals only), then the request's
+// uniform cost draw, client proxy and worker.
+type arrivalDraws struct {
+	gap           float64 // exponential, of mean 1: the next arrival comes gap/rps later
+	u             float64 // uniform in [0, 1): the request's cost
+	z             float64 // normalQuantile(u), when some group's cost is lognormal
+	proxy, worker int32
+}
+
+// arrivalBatch is how many arrivals' draws drawArrivals makes at once.
+const arrivalBatch = 256
+
+// drawArrivals draws the next arrivalBatch arrivals' numbers from arrRand. Only arrivals draw
+// from it, and they draw the same whatever else happens, so drawing ahead gives every arrival
+// the numbers it would have drawn itself. The normal quantiles are worked out in a loop of
+// their own: math.Erfinv is a long chain of dependent floating-point operations, and chains of
+// different arrivals side by side overlap in the processor, where one per arrival, amid the
+// rest of the work, stalls it.
+func (s *simulation) drawArrivals() {
+	if s.arrivals == nil {
+		s.arrivals = make([]arrivalDraws, arrivalBatch)
+	}
+	for i := range s.arrivals {
+		d := &s.arrivals[i]
+		if !s.constantArrivals {
+			d.gap = s.arrRand.ExpFloat64()
+		}
+		d.u = s.arrRand.Float64()
+		d.proxy = int32(s.proxyDraw.draw(s.arrRand))
+		d.worker = int32(s.workerDraw.draw(s.arrRand))
+	}
+	if s.anyLognormal {
+		for i := range s.arrivals {
+			s.arrivals[i].z = normalQuantile(s.arrivals[i].u)
+		}
+	}
+	s.nextDraw = 0
 }
 
 func (s *simulation) loop() error {
-	var ev event
-	for s.q.pop(&ev) && ev.t <= s.end {
-		switch ev.kind() {
-		case evArrival:
-			s.onArrival(ev.t)
-		case evPodArrive:
-			s.onPodArrive(ev.t, ev.a)
-		case evPodWake:
-			p := s.pods[ev.a]
-			if ev.b == p.version {
-				s.onPodWake(ev.t, p)
+	for {
+		src, t, key := s.q.earliest()
+		if !(t <= s.end) { // past the end, or nothing pending (+Inf)
+			break
+		}
+		switch src {
+		case srcArrival:
+			s.q.dropArrival()
+			s.onArrival(t)
+		case srcHop:
+			if ev := s.q.takeHop(); ev.kind() == evPodArrive {
+				s.onPodArrive(t, ev.a)
+			} else {
+				s.onResponse(t, ev.a)
 			}
-		case evResponse:
-			s.onResponse(ev.t, ev.a)
-		case evControl:
-			if err := s.onControl(ev.t); err != nil {
+		case srcWake:
+			// The wake stays in the tree until the pod moves or cancels it, which onPodWake
+			// always does (it ends in rewake); the tree never holds a stale wake.
+			s.onPodWake(t, s.pods[wakePod(key)])
+		default:
+			if err := s.onRareEvent(s.q.takeRare()); err != nil {
 				return err
 			}
-		case evApply:
-			s.onApply(ev.t, ev.b)
-		case evPodEvent:
-			s.onPodEvent(ev.t, int(ev.a), int(ev.b))
-		case evRestartStep:
-			s.onRestartStep(ev.t, int(ev.a), int(ev.b))
-		case evPhase:
-			s.rps = s.sc.Load.Phases[ev.a].RPS
-		case evSnapshot:
-			s.onSnapshot(ev.t)
-			if s.orca != nil {
-				s.refreshORCA(ev.t)
-			}
-		case evProbe:
-			s.onProbe(ev.t, int(ev.a), int32(ev.b))
 		}
 	}
 	s.settle(s.end)
 	return nil
 }
 
+// onRareEvent handles an event that is neither an arrival, a network hop nor a pod wake.
+func (s *simulation) onRareEvent(ev event) error {
+	switch ev.kind() {
+	case evControl:
+		return s.onControl(ev.t)
+	case evApply:
+		s.onApply(ev.t, ev.b)
+	case evPodEvent:
+		s.onPodEvent(ev.t, int(ev.a), int(ev.b))
+	case evRestartStep:
+		s.onRestartStep(ev.t, int(ev.a), int(ev.b))
+	case evPhase:
+		s.rps = s.sc.Load.Phases[ev.a].RPS
+	case evSnapshot:
+		s.onSnapshot(ev.t)
+		if s.orca != nil {
+			s.refreshORCA(ev.t)
+		}
+	case evProbe:
+		s.onProbe(ev.t, int(ev.a), int32(ev.b))
+	}
+	return nil
+}
+
 func (s *simulation) addPod(group int, now float64) *pod {
 	pg := s.sc.Pods[group]
 	id := int32(len(s.pods))
+	if id >= maxPods {
+		panic(fmt.Sprintf("sim: more than %d pods in one run", maxPods))
+	}
 	p := &pod{
 		id:        id,
 		name:      fmt.Sprintf("%s-%d", pg.Name, len(s.groups[group])),
@@ -311,6 +384,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 		born:      now,
 		lastT:     now,
 		minFinish: math.Inf(1),
+		wakeAt:    -1,
 		// CFS periods start when the cgroup's timer does: not aligned across pods.
 		periodEnd: now + cfsPeriod*(0.05+0.95*s.lbRand.Float64()),
 	}
@@ -392,14 +466,28 @@ func (s *simulation) refreshBalancers() {
 // the same request, so that policies face identical work (common random numbers); each pod group
 // turns it into its own cost distribution. The distribution's constants are worked out once.
 type costSampler struct {
-	dist      string
+	dist      costDist
 	mean      float64 // seconds
 	mu, sigma float64 // lognormal: of the cost's logarithm
 }
 
+// costDist is a cost distribution, switched on for every request: an integer, not its name.
+type costDist uint8
+
+const (
+	costLognormal costDist = iota
+	costConstant
+	costExponential
+)
+
 func newCostSampler(c Cost) costSampler {
-	cs := costSampler{dist: c.Dist, mean: c.Mean.Seconds()}
-	if c.Dist != "constant" && c.Dist != "exponential" { // lognormal with the given mean and CV
+	cs := costSampler{mean: c.Mean.Seconds()}
+	switch c.Dist {
+	case "constant":
+		cs.dist = costConstant
+	case "exponential":
+		cs.dist = costExponential
+	default: // lognormal with the given mean and CV
 		sigma2 := math.Log(1 + c.CV*c.CV)
 		cs.mu = math.Log(cs.mean) - sigma2/2
 		cs.sigma = math.Sqrt(sigma2)
@@ -407,23 +495,39 @@ func newCostSampler(c Cost) costSampler {
 	return cs
 }
 
-func (c *costSampler) cost(u float64) float64 {
+// cost is the cost for uniform draw u; z is normalQuantile(u), worked out ahead.
+func (c *costSampler) cost(u, z float64) float64 {
 	switch c.dist {
-	case "constant":
+	case costConstant:
 		return c.mean
-	case "exponential":
+	case costExponential:
 		return -math.Log(1-u) * c.mean
 	default:
-		z := math.Sqrt2 * math.Erfinv(2*u-1)
 		return math.Exp(c.mu + c.sigma*z)
 	}
 }
 
+// normalQuantile is the standard normal quantile of u in [0, 1): √2·erf⁻¹(2u-1), with exactly
+// math.Erfinv's bits. math.Erfinv(x) works on |x| and negates its result when x < 0, behind a
+// branch that a uniform draw makes a coin toss for the predictor; passing |x| keeps that branch
+// one way, and setting the sign bit afterwards (math.Copysign, no branch) gives the same result.
+func normalQuantile(u float64) float64 {
+	x := 2*u - 1
+	return math.Sqrt2 * math.Copysign(math.Erfinv(math.Abs(x)), x)
+}
+
 func (s *simulation) onArrival(t float64) {
-	s.q.setArrival(s.nextArrival(t))
-	u := s.arrRand.Float64()
-	proxy := s.proxyDraw.draw(s.arrRand)
-	worker := s.workerDraw.draw(s.arrRand)
+	if s.nextDraw == len(s.arrivals) {
+		s.drawArrivals()
+	}
+	d := &s.arrivals[s.nextDraw]
+	s.nextDraw++
+	if s.constantArrivals {
+		s.q.setArrival(t + 1/s.rps)
+	} else {
+		s.q.setArrival(t + d.gap/s.rps)
+	}
+	proxy, worker := int(d.proxy), int(d.worker)
 	if len(s.hosts) == 0 {
 		return // no endpoint: the request fails fast (503) and is not a latency sample
 	}
@@ -441,7 +545,6 @@ func (s *simulation) onArrival(t float64) {
 	default:
 		podID = s.balancers[proxy][worker].pick(s.active[proxy], s.lbRand)
 	}
-	p := s.pods[podID]
 	var id int32
 	if n := len(s.free); n > 0 {
 		id = s.free[n-1]
@@ -450,7 +553,7 @@ func (s *simulation) onArrival(t float64) {
 		id = int32(len(s.reqs))
 		s.reqs = append(s.reqs, request{})
 	}
-	s.reqs[id] = request{sent: t, cost: s.costs[p.group].cost(u), proxy: int32(proxy), pod: podID}
+	s.reqs[id] = request{sent: t, cost: s.costs[s.pods[podID].group].cost(d.u, d.z), proxy: int32(proxy), pod: podID}
 	s.active[proxy][podID]++
 	s.totalSent++
 	s.q.pushHop(t+s.netHalf, evPodArrive, id)
@@ -471,17 +574,15 @@ func (s *simulation) onPodArrive(t float64, id int32) {
 func (s *simulation) rewake(p *pod) {
 	w := p.nextWake()
 	if math.IsInf(w, 1) {
-		p.version++
 		p.wakeAt = -1
 		s.q.cancelWake(p.id)
 		return
 	}
-	if w == p.wakeAt && p.version != 0 {
+	if w == p.wakeAt {
 		return // the pending wake is still right
 	}
-	p.version++
 	p.wakeAt = w
-	s.q.setWake(p.id, w, p.version)
+	s.q.setWake(p.id, w)
 }
 
 func (s *simulation) onPodWake(t float64, p *pod) {
@@ -519,6 +620,8 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 	}
 	// A completion may have happened exactly at quota exhaustion: re-check throttling.
 	p.advance(t)
+	// The wake that fired is still in the scheduler's tree: rewake must move or cancel it,
+	// even to the same time, or it would fire again.
 	p.wakeAt = -1
 	s.rewake(p)
 }
@@ -536,8 +639,8 @@ func (s *simulation) onResponse(t float64, id int32) {
 	bucket := sketchIndex(ms)
 	s.bucketLat.addAt(bucket, ms)
 	if r.sent >= s.warmup {
-		s.latency.addAt(bucket, ms)
 		s.podLat[r.pod].addAt(bucket, ms)
+		s.latencySum += float64(ms)
 		if s.keepLatencies {
 			s.latencies = append(s.latencies, ms)
 			s.latencyAt = append(s.latencyAt, float32(t))

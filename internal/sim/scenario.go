@@ -303,6 +303,9 @@ func (s *Scenario) validate() error {
 	if c.NetworkLatency.Duration < 0 {
 		return bad("clients.network_latency", "%v must not be negative", c.NetworkLatency.Duration)
 	}
+	if c.ProbeRTT.Duration < 0 {
+		return bad("clients.probe_rtt", "%v must not be negative: a probe cannot come back before it is sent", c.ProbeRTT.Duration)
+	}
 	ct := s.Controller
 	if ct.Interval.Duration < time.Second {
 		return bad("controller.interval", "%v must be at least 1s", ct.Interval.Duration)

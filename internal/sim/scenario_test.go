@@ -61,6 +61,10 @@ func TestParseScenario_RejectsBadInputWithFieldAndAllowedValues(t *testing.T) {
 			yaml:      strings.Replace(validScenario, "dist: exponential", "dist: lognormal", 1),
 			wantField: "pods[0].cost.cv", wantMsg: "must be positive for a lognormal cost",
 		},
+		"a negative probe round trip": {
+			yaml:      validScenario + "clients: {probe_rtt: -2ms}\n",
+			wantField: "clients.probe_rtt", wantMsg: "-2ms must not be negative",
+		},
 		"an empty file": {
 			yaml: "  \n", wantMsg: "the file is empty",
 		},

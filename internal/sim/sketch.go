@@ -60,6 +60,29 @@ func (h *latencySketch) addAt(i int, ms float32) {
 	h.sum += float64(ms)
 }
 
+// mergeSketches returns the sketch that recording every latency of the sketches in one would
+// give, with sum as its sum (a sum of sums in another order could differ in its last bits).
+func mergeSketches(sketches []latencySketch, sum float64) latencySketch {
+	merged := latencySketch{counts: make([]uint32, sketchBuckets), sum: sum}
+	for i := range sketches {
+		h := &sketches[i]
+		if h.n == 0 {
+			continue
+		}
+		if merged.n == 0 || h.min < merged.min {
+			merged.min = h.min
+		}
+		if merged.n == 0 || h.max > merged.max {
+			merged.max = h.max
+		}
+		merged.n += h.n
+		for b, c := range h.counts {
+			merged.counts[b] += c
+		}
+	}
+	return merged
+}
+
 func (h *latencySketch) reset() {
 	clear(h.counts)
 	h.n, h.sum, h.min, h.max = 0, 0, 0, 0

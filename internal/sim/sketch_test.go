@@ -71,3 +71,36 @@ func TestSketchIndex_BucketsAreOrderedAndMidpointsInside(t *testing.T) {
 		}
 	}
 }
+
+// TestMergeSketches_EqualsOneSketchOfEveryLatency fills per-pod sketches, some left empty, and
+// checks that their merge is exactly the sketch that recording every latency in one gives.
+func TestMergeSketches_EqualsOneSketchOfEveryLatency(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	pods := make([]latencySketch, 6)
+	var whole latencySketch
+	for range 50000 {
+		pod := r.Intn(len(pods))
+		if pod == 2 || pod == 4 {
+			continue // pods that served nothing after warm-up
+		}
+		ms := float32(math.Exp(2 + float64(pod)/2 + r.NormFloat64()))
+		pods[pod].add(ms)
+		whole.add(ms)
+	}
+	merged := mergeSketches(pods, whole.sum)
+	if merged.n != whole.n || merged.min != whole.min || merged.max != whole.max || merged.sum != whole.sum {
+		t.Fatalf("merged n=%d min=%v max=%v sum=%v, want n=%d min=%v max=%v sum=%v",
+			merged.n, merged.min, merged.max, merged.sum, whole.n, whole.min, whole.max, whole.sum)
+	}
+	for i := range whole.counts {
+		if merged.counts[i] != whole.counts[i] {
+			t.Fatalf("bucket %d: merged count %d, want %d", i, merged.counts[i], whole.counts[i])
+		}
+	}
+	if got, want := merged.percentiles(), whole.percentiles(); got != want {
+		t.Fatalf("merged percentiles %+v, want %+v", got, want)
+	}
+	if empty := mergeSketches(make([]latencySketch, 3), 0); empty.n != 0 || empty.percentiles() != (Percentiles{}) {
+		t.Fatalf("merge of empty sketches: n=%d, percentiles %+v; want none", empty.n, empty.percentiles())
+	}
+}

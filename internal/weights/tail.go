@@ -2,7 +2,6 @@ package weights
 
 import (
 	"math"
-	"slices"
 	"sort"
 )
 
@@ -73,133 +72,17 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	if floors >= 1 || ceilings < 1 {
 		return nil, false
 	}
-	// Each group's tail at threshold t for every tabulated load, computed once per threshold:
-	// the search reads one threshold at many loads.
-	columns := make([][]float64, len(groups))
-	columnCells := make([]float64, len(groups)*len(modelUtilizations))
-	for gi := range groups {
-		columns[gi] = columnCells[gi*len(modelUtilizations) : (gi+1)*len(modelUtilizations)]
-	}
-	columnsAt := math.NaN()
-	// noTail marks the groups whose model has no request slower than the threshold at any load:
-	// their mass is zero below the last tabulated load, whatever the share.
-	noTail := make([]bool, len(groups))
-	setThreshold := func(t float64) {
-		if t != columnsAt {
-			for k, h := range groups {
-				h.model.column(timePosition(t/h.cost), columns[k])
-				noTail[k] = !slices.ContainsFunc(columns[k], func(v float64) bool { return v != 0 })
-			}
-			columnsAt = t
-		}
-	}
-	members := make([]float64, len(groups))
+	// The search starts from the capacity split's quantile: a split within the bounds whose
+	// quantile the optimum's cannot exceed.
+	capacitySplit := make([]float64, len(groups))
 	for gi, g := range groups {
-		members[gi] = float64(len(g.members))
+		capacitySplit[gi] = g.capacity * float64(len(g.members)) / fleetCapacity
 	}
-	// massAt is group gi's mass above the threshold last set, at share x.
-	massAt := func(gi int, x float64) float64 {
-		if x <= 0 {
-			return 0
-		}
-		g := groups[gi]
-		u := g.loadScale * x * load / members[gi] / g.capacity
-		return x * tailFromColumn(columns[gi], u)
-	}
-	// directTailMass equals tailMass without the columns: for reading each group once per
-	// threshold, as the quantile's bisection does, a column would cost twenty reads for one.
-	directTailMass := func(gi int, x, t float64) float64 {
-		if x <= 0 {
-			return 0
-		}
-		if t <= 0 {
-			return x
-		}
-		g := groups[gi]
-		u := g.loadScale * x * load / members[gi] / g.capacity
-		return x * g.model.tailAt(timePosition(t/g.cost), u)
-	}
-	tailMass := func(gi int, x, t float64) float64 {
-		if x <= 0 {
-			return 0
-		}
-		setThreshold(t)
-		if t <= 0 {
-			return x
-		}
-		return massAt(gi, x)
-	}
-	budget := 1 - p.Quantile
-	// allocate splits the load for a latency threshold t, each step adding load where it adds
-	// the least mass above t, and returns the split and its mass above t.
-	const steps = 400
-	massBuf, nextBuf := make([]float64, len(groups)), make([]float64, len(groups))
-	allocate := func(t float64) ([]float64, float64) {
-		mass := massBuf // each group's mass above t at its current share
-		next := nextBuf // and with one more step
-		x := append([]float64(nil), lo...)
-		step := (1 - floors) / steps
-		for gi := range groups {
-			mass[gi] = tailMass(gi, x[gi], t)
-			next[gi] = tailMass(gi, x[gi]+step, t)
-		}
-		// The threshold is fixed from here on: the steps read the columns directly.
-		setThreshold(t)
-		for k := 0; k < steps; k++ {
-			best, bestCost := -1, math.Inf(1)
-			for gi := range groups {
-				if x[gi]+step > hi[gi]+1e-12 {
-					continue
-				}
-				if c := next[gi] - mass[gi]; c < bestCost {
-					best, bestCost = gi, c
-				}
-			}
-			if best < 0 {
-				return x, math.Inf(1)
-			}
-			x[best] += step
-			mass[best] = next[best]
-			// Only the group that moved has a new next step; the others' stand.
-			if xb := x[best] + step; t > 0 && xb > 0 {
-				g := groups[best]
-				u := g.loadScale * xb * load / members[best] / g.capacity
-				switch {
-				case !noTail[best]:
-					next[best] = xb * tailFromColumn(columns[best], u)
-				case u > maxModelUtilization:
-					next[best] = xb // tailFromColumn's 1 beyond the table
-				default:
-					next[best] = 0 // xb × an interpolation between zeros
-				}
-			} else {
-				next[best] = tailMass(best, xb, t)
-			}
-		}
-		var total float64
-		for gi := range groups {
-			total += tailMass(gi, x[gi], t)
-		}
-		return x, total
-	}
-	// Bisect on the threshold: the smallest t whose best split keeps the mass above t within
-	// the budget is the lowest quantile reachable, and that split reaches it.
-	var maxCost float64
-	for _, g := range groups {
-		maxCost = math.Max(maxCost, g.cost)
-	}
-	tLo, tHi := 0.0, maxCost*modelTime(modelTimePoints-1)
-	split, mass := allocate(tHi)
-	if mass > budget {
+	budget := 1 - p.Quantile // the mass allowed above the quantile
+	search := newSplitSearch(groups, lo, hi, load, budget)
+	split, tHi, found := search.search(capacitySplit)
+	if !found {
 		return nil, false
-	}
-	for i := 0; i < 40 && tHi-tLo > 1e-4*tHi; i++ {
-		mid := (tLo + tHi) / 2
-		if x, m := allocate(mid); m <= budget {
-			tHi, split = mid, x
-		} else {
-			tLo = mid
-		}
 	}
 	// The predicted quantile is flat near its minimum, so noise moves the optimum about. Move
 	// from the split the pods get now only as far toward the optimum as it takes to come within
@@ -212,22 +95,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		}
 		observedTotal += observed[gi]
 	}
-	quantileOf := func(x []float64) float64 {
-		lo, hi := 0.0, tHi*4
-		for i := 0; i < 40 && hi-lo > 1e-4*hi; i++ {
-			mid := (lo + hi) / 2
-			var m float64
-			for gi := range groups {
-				m += directTailMass(gi, x[gi], mid)
-			}
-			if m <= budget {
-				hi = mid
-			} else {
-				lo = mid
-			}
-		}
-		return hi
-	}
+	quantileOf := func(x []float64) float64 { return search.quantileOf(x, tHi*4) }
 	optimum := split
 	// A re-plan after endpoints left goes to the optimum: the observed split is the old
 	// membership's, and holding near it is the hysteresis the re-plan exists to skip.

@@ -193,7 +193,9 @@ func seConfig(spec *apinetworkingv1.ServiceEntry) config.Config {
 			GroupVersionKind: gvk.ServiceEntry,
 			Name:             targetName,
 			Namespace:        targetNamespace,
-			Labels:           map[string]string{"app.kubernetes.io/managed-by": "adaptive-lb"},
+			// The labels the operator stamps: managed-by, its owner and its installation.
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "adaptive-lb", "adaptivelb.io/owner": targetName,
+				"adaptivelb.io/install": "adaptive-lb-system.adaptive-lb.adaptivelb.io"},
 		},
 		Spec: spec,
 	}

@@ -214,6 +214,22 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 // Service's own exportTo annotation. Where the Service is not visible the ServiceEntry would be
 // a new Service of its own: new clusters and listeners for proxies that had none.
 func exportTo(svc *corev1.Service, requested []string) ([]string, error) {
+	out, err := exportToAll(svc, requested)
+	if err != nil || len(out) == 0 {
+		return out, err
+	}
+	// "~" exports to no namespace. Alone, the ServiceEntry would be visible nowhere, its weights
+	// applied to no proxy, while the status reported them mirrored; beside namespaces it adds
+	// nothing (and istiod refuses the combination).
+	visible := slices.DeleteFunc(slices.Clone(out), func(ns string) bool { return ns == "~" })
+	if len(visible) == 0 {
+		return nil, fmt.Errorf("%w: service %s/%s is exported to no namespace (exportTo %q, spec.exportTo %v); the weights would apply nowhere. Export it to the namespaces of its clients", ErrUnsupported, svc.Namespace, svc.Name, svc.Annotations[ExportToAnnotation], requested)
+	}
+	return visible, nil
+}
+
+// exportToAll is exportTo before the "~" entries are dropped.
+func exportToAll(svc *corev1.Service, requested []string) ([]string, error) {
 	var annotated []string
 	for _, ns := range strings.Split(svc.Annotations[ExportToAnnotation], ",") {
 		if ns = strings.TrimSpace(ns); ns != "" {

@@ -279,6 +279,10 @@ func TestBuild_ExportToNeverWiderThanTheService(t *testing.T) {
 		"spec all":                {"shop, istio-system", []string{"*"}, []string{"shop", "istio-system"}, false},
 		"both: intersection":      {"shop,istio-system", []string{".", "other"}, []string{"."}, false},
 		"both: nothing in common": {".", []string{"other"}, nil, true},
+		"annotation none":         {"~", nil, nil, true},
+		"annotation none, spec":   {"~", []string{"."}, nil, true},
+		"spec none":               {"", []string{"~"}, nil, true},
+		"spec none and a ns":      {"", []string{"~", "shop"}, []string{"shop"}, false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			in := input(slice("s", discoveryv1.AddressTypeIPv4, endpoint("web-a", "10.0.0.1", "z")))

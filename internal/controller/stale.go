@@ -1,0 +1,137 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+)
+
+// DefaultStaleServiceEntryTimeout is how long the mirror of a Service may keep failing before
+// its ServiceEntry is deleted: long enough for an API server hiccup, a leader change or a
+// rolling restart of the API servers, short against the minutes a refused write (a webhook or a
+// policy that rejects it, a Role that lost a verb) would otherwise freeze the endpoints for.
+const DefaultStaleServiceEntryTimeout = 2 * time.Minute
+
+// Results for adaptivelb_stale_serviceentry_deletions_total.
+const (
+	StaleDeletionDeleted = "deleted"
+	StaleDeletionFailed  = "failed"
+)
+
+// EventStaleServiceEntryRemoved is the Warning event of a ServiceEntry deleted because the mirror
+// kept failing; EventStaleServiceEntryNotRemoved says that deletion failed too.
+const (
+	EventStaleServiceEntryRemoved    = adlbv1.ReasonStaleServiceEntryRemoved
+	EventStaleServiceEntryNotRemoved = "StaleServiceEntryNotRemoved"
+)
+
+func (r *AdaptiveLoadBalancerReconciler) staleTimeout() time.Duration {
+	if r.StaleServiceEntryTimeout > 0 {
+		return r.StaleServiceEntryTimeout
+	}
+	return DefaultStaleServiceEntryTimeout
+}
+
+// mirrorFailed records a failed mirror of key and returns when the failures began: the first
+// failure since the last successful reconcile.
+func (r *AdaptiveLoadBalancerReconciler) mirrorFailed(key types.NamespacedName) time.Time {
+	since, _ := r.failingSince.LoadOrStore(key, r.Clock.Now())
+	return since.(time.Time)
+}
+
+// untilStale is how long key's mirror may still fail before its ServiceEntry is deleted; false
+// when it is not failing.
+func (r *AdaptiveLoadBalancerReconciler) untilStale(key types.NamespacedName) (time.Duration, bool) {
+	since, ok := r.failingSince.Load(key)
+	if !ok {
+		return 0, false
+	}
+	return r.staleTimeout() - r.Clock.Since(since.(time.Time)), true
+}
+
+// removeStale handles a failed mirror (mirrorErr). While the failures are younger than the
+// timeout the ServiceEntry keeps its last written endpoints (WriteFailed, retried with
+// back-off). Past it, the ServiceEntry no longer follows the endpoints: Envoy would keep
+// preferring its copy of every address, also of pods that are gone, so it is deleted and the
+// Service's clients use the Kubernetes endpoints until a mirror succeeds and writes a new one.
+// A failed deletion is reported and retried with the reconcile.
+func (r *AdaptiveLoadBalancerReconciler) removeStale(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, mirrorErr error) mirrorOutcome {
+	key := client.ObjectKeyFromObject(alb)
+	failing := mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: mirrorErr.Error(), keepEndpoints: true}
+	since := r.mirrorFailed(key)
+	if r.Clock.Since(since) < r.staleTimeout() {
+		return failing
+	}
+	what := fmt.Sprintf("mirroring Service %s/%s has failed for longer than %v (since %s): %v", alb.Namespace, alb.Spec.TargetRef.Name,
+		r.staleTimeout(), since.UTC().Format(time.RFC3339), mirrorErr)
+	deleted, err := r.deleteControlledServiceEntry(ctx, alb)
+	if err != nil {
+		r.Metrics.StaleServiceEntryDeletions.WithLabelValues(StaleDeletionFailed).Inc()
+		failing.message = fmt.Sprintf("%s; deleting the ServiceEntry, which no longer follows the endpoints, failed too: %v. Both are retried with back-off; check the operator's RBAC (delete on serviceentries) and admission webhooks or policies.", what, err)
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventStaleServiceEntryNotRemoved, failing.message)
+		log.FromContext(ctx).Error(err, "cannot delete a stale ServiceEntry", "failingSince", since)
+		return failing
+	}
+	msg := fmt.Sprintf("%s. Its ServiceEntry was deleted, so that clients use the Kubernetes endpoints, unweighted; it is re-created once a mirror succeeds (retried with back-off).", what)
+	r.Membership.Forget(key)
+	if deleted {
+		r.Metrics.StaleServiceEntryDeletions.WithLabelValues(StaleDeletionDeleted).Inc()
+		r.Recorder.Event(alb, corev1.EventTypeWarning, EventStaleServiceEntryRemoved, msg)
+		log.FromContext(ctx).Info("ServiceEntry deleted: its mirror keeps failing; traffic falls back to the Kubernetes endpoints",
+			"serviceEntry", types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, "failingSince", since, "error", mirrorErr.Error())
+	}
+	return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonStaleServiceEntryRemoved, message: msg}
+}
+
+// deleteControlledServiceEntry deletes the ServiceEntry of alb's target if alb controls it,
+// reading it from the API server (the cache may be what fails); it reports whether there was
+// one to delete.
+func (r *AdaptiveLoadBalancerReconciler) deleteControlledServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (bool, error) {
+	key := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}
+	se := &networkingv1.ServiceEntry{}
+	if err := r.apiReader.Get(ctx, key, se); apierrors.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
+	}
+	if !metav1.IsControlledBy(se, alb) {
+		return false, nil
+	}
+	err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("delete ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
+	}
+	r.Versions.forget(key)
+	return true, nil
+}
+
+// staleDeadlineLimiter is the reconcile back-off, shortened so that a failing AdaptiveLoadBalancer
+// is retried when its ServiceEntry turns stale: the exponential back-off alone would reach the
+// deadline up to its cap (5 min) late.
+type staleDeadlineLimiter struct {
+	workqueue.TypedRateLimiter[reconcile.Request]
+	untilStale func(types.NamespacedName) (time.Duration, bool)
+}
+
+func (l staleDeadlineLimiter) When(req reconcile.Request) time.Duration {
+	d := l.TypedRateLimiter.When(req)
+	if until, failing := l.untilStale(req.NamespacedName); failing && until > 0 && until < d {
+		return until
+	}
+	return d
+}
