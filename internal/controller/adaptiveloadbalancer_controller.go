@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -316,12 +317,27 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
+	replanned := r.Membership.replanWeights(alb, existing, endpoints)
+	if replanned != nil {
+		// Endpoints left: the survivors' re-planned weights go out in this same write.
+		if in.Weights == nil {
+			in.Weights = map[string]uint32{}
+		}
+		maps.Copy(in.Weights, replanned)
+		if spec, endpoints, err = istio.Build(in); err != nil {
+			return mirrorOutcome{}, err
+		}
+		log.FromContext(ctx).Info("weights re-planned for the endpoints that stay", "endpoints", len(endpoints))
+	}
 	if existing != nil && cached != nil && existing.ResourceVersion != cached.ResourceVersion &&
 		r.upToDate(existing, spec) && !r.upToDate(cached, spec) {
 		return mirrorOutcome{}, errStaleView
 	}
 	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
 		return mirrorOutcome{}, err
+	}
+	if replanned != nil {
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb))
 	}
 	return mirrorOutcome{
 		status: metav1.ConditionTrue,

@@ -23,6 +23,8 @@ type Membership struct {
 
 	mu    sync.Mutex
 	byKey map[types.NamespacedName]*memberLog
+	// plans are the weight cycle's last inputs, for the mirror's re-plan (replan.go).
+	plans lastPlans
 }
 
 // membershipRetention bounds the history kept per endpoint: the longest metrics window is twice
@@ -177,6 +179,7 @@ func (m *Membership) Forget(key types.NamespacedName) {
 	if m == nil {
 		return
 	}
+	m.forgetPlans(func(k types.NamespacedName) bool { return k != key })
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.byKey, key)
@@ -187,6 +190,7 @@ func (m *Membership) Retain(keep map[types.NamespacedName]bool) {
 	if m == nil {
 		return
 	}
+	m.forgetPlans(func(k types.NamespacedName) bool { return keep[k] })
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for key := range m.byKey {

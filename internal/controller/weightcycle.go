@@ -341,6 +341,10 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	var targets []cycle.Target
 	for _, d := range due {
+		// Weights the mirror re-planned when endpoints left count as a write for the coverage.
+		if at := w.Membership.LastReplan(d.key); at.After(d.lastWrite) {
+			d.lastWrite = at
+		}
 		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
 		if _, planned := w.states[d.key]; !planned {
 			// A new leader, or the first cycle: continue from the peak the status recorded.
@@ -368,6 +372,10 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	deferred := 0
 	for i, d := range due {
 		o := &outcomes[i]
+		if o.Err == nil {
+			// The mirror re-plans from these when endpoints leave before the next cycle.
+			w.Membership.RecordPlan(d.key, d.alb.UID, 2*d.interval, d.observed)
+		}
 		w.states[d.key] = next[d.key.String()]
 		if o.Action != cycle.ActionDeferred {
 			w.lastRun[d.key] = start

@@ -58,6 +58,8 @@ type Target struct {
 	PeerGroups map[string]string
 	// Known marks the endpoints whose weight came from their own metrics in an earlier cycle.
 	Known map[string]bool
+	// Replan: the endpoint set shrank since these observations were made; see weights.Input.Replan.
+	Replan bool
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -150,7 +152,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
 		st.FallenBack = true
 	} else {
-		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds, RecentPeakRequestRate: t.RecentPeakRequestRate}, t.Settings) {
+		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds, RecentPeakRequestRate: t.RecentPeakRequestRate, Replan: t.Replan}, t.Settings) {
 			return out, st
 		}
 		keepWithoutMetrics(&out.Decision, t)

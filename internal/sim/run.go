@@ -125,6 +125,9 @@ type simulation struct {
 	weightWrites int
 	weightLog    []WeightPoint
 	lastApply    float64 // when weights last reached the clients; 0 before the first write
+	// lastObserved is the last cycle's input per pod id, kept for the re-plan when endpoints
+	// leave (see replan).
+	lastObserved map[int32]weights.Endpoint
 
 	// Peers' client-side state, per proxy.
 	peak     []peakEWMA
@@ -758,6 +761,10 @@ func (s *simulation) onControl(t float64) error {
 		})
 		ids = append(ids, h)
 	}
+	s.lastObserved = make(map[int32]weights.Endpoint, len(ids))
+	for i, h := range ids {
+		s.lastObserved[h] = eps[i]
+	}
 	coverage := 1.0
 	if s.lastApply > 0 {
 		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
@@ -778,6 +785,61 @@ func (s *simulation) onControl(t float64) error {
 	s.weightWrites++
 	s.q.push(t+s.sc.Controller.ApplyDelay.Seconds(), evApply, 0, s.applySeq)
 	return nil
+}
+
+// replan re-decides the survivors' weights when endpoints leave, as the operator's endpoint
+// mirror does in the ServiceEntry write that drops them. It runs the engine on the last cycle's
+// observations of the endpoints still in the host set, with the weights that were in force over
+// that window (so that two departures before the next cycle re-plan from the same basis), and the fleet's recent peak rate, which still holds the departed pods' traffic:
+// the whole load is planned over fewer pods. The settle rules do not apply (weights.Input.Replan);
+// every bound does, and so does the dead band: a change too small to move traffic is not written.
+// There is no re-plan while a pod that joined since the last cycle is in the host set (a rolling
+// restart's replacement, a scale-up): the lost capacity is being replaced, the newcomer has no
+// observation to plan with, and a plan without it would shift its share onto the others. A pod that joined since the last cycle has no
+// observation and keeps the weight the mirror gave it. The published operator's baselines do not
+// re-plan: their source reacts only in its cycle. The new weights reach the clients after the
+// apply delay, like the mirror's write; a re-plan that changes a weight counts as a weight write.
+func (s *simulation) replan(t float64) {
+	if s.settings == nil || len(s.lastObserved) == 0 {
+		return
+	}
+	if a := s.settings.Algorithm; a != weights.AlgorithmCapacity && a != weights.AlgorithmTail {
+		return
+	}
+	eps := make([]weights.Endpoint, 0, len(s.hosts))
+	ids := make([]int32, 0, len(s.hosts))
+	current := make([]int, 0, len(s.hosts))
+	for _, h := range s.hosts {
+		ep, ok := s.lastObserved[h]
+		if !ok {
+			return
+		}
+		eps = append(eps, ep)
+		ids = append(ids, h)
+		current = append(current, s.weightOf[h])
+	}
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate(), Replan: true}, *s.settings)
+	if err != nil || !d.Changed {
+		// An error leaves the weights as they are (the last cycle's input was accepted). An
+		// unchanged decision returns the basis, the weights of the last cycle's window: writing
+		// it would undo that cycle's write.
+		return
+	}
+	changed := false
+	next := make(map[int32]int, len(ids))
+	for i, r := range d.Endpoints {
+		next[ids[i]] = r.Weight
+		if r.Weight != current[i] {
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	s.applySeq++
+	s.pending[s.applySeq] = next
+	s.weightWrites++
+	s.q.push(t+s.sc.Controller.ApplyDelay.Seconds(), evApply, 0, s.applySeq)
 }
 
 func (s *simulation) onApply(t float64, seq uint32) {
@@ -833,11 +895,16 @@ func (s *simulation) onPodEvent(t float64, g, j int) {
 		for len(live) < *ev.Replicas {
 			live = append(live, s.addPod(g, t).id)
 		}
+		removed := false
 		for len(live) > *ev.Replicas {
 			s.removePod(live[len(live)-1])
 			live = live[:len(live)-1]
+			removed = true
 		}
 		s.refreshBalancers()
+		if removed {
+			s.replan(t)
+		}
 	case ev.Restart != nil:
 		s.q.push(t, evRestartStep, int32(g), 0)
 	}
@@ -854,6 +921,7 @@ func (s *simulation) onRestartStep(t float64, g, step int) {
 	s.addPod(g, t)
 	s.removePod(old)
 	s.refreshBalancers()
+	s.replan(t)
 	if step+1 < len(live) {
 		var every float64
 		for _, ev := range s.sc.Pods[g].Events {

@@ -201,6 +201,77 @@ func TestSteadyAfter(t *testing.T) {
 	}
 }
 
+// TestRun_ReplansWhenAnEndpointLeaves: when a pod leaves between two cycles, adaptive-lb's own
+// engines re-plan the survivors' weights in the write that drops it (here one apply delay later),
+// not at the next cycle; the published operator's baseline waits for its cycle as its source does.
+func TestRun_ReplansWhenAnEndpointLeaves(t *testing.T) {
+	src := []byte(`
+name: leave
+duration: 115s
+warmup: 10s
+seed: 5
+load: {rps: 2200}
+clients: {proxies: 6, workers: 2, lb: least_request}
+controller: {interval: 30s, window: 60s, apply_delay: 1s}
+pods:
+  - {name: fast, replicas: 3, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 2ms, dist: exponential}, events: [{at: 95s, replicas: 2}]}
+  - {name: slow, replicas: 4, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 8ms, dist: exponential}}
+`)
+	for _, policy := range []string{PolicyTail, PolicyCapacity, PolicyCPUDistance} {
+		t.Run(policy, func(t *testing.T) {
+			sc, err := ParseScenario(src, "leave.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := Run(sc, policy, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before, replanned *WeightPoint
+			for i := range r.Weights {
+				switch w := &r.Weights[i]; {
+				case w.TimeS < 95:
+					before = w
+				case w.TimeS <= 96:
+					replanned = w
+				}
+			}
+			if before == nil {
+				t.Fatalf("no weights written before the pod left: %+v", r.Weights)
+			}
+			if policy == PolicyCPUDistance {
+				if replanned != nil {
+					t.Fatalf("the cpu-distance baseline wrote weights at %.0f s, when the pod left; its source waits for the cycle", replanned.TimeS)
+				}
+				return
+			}
+			if policy == PolicyCapacity {
+				// capacity splits the load it observes by the square-root rule, near the capacity
+				// split at this load: its re-plan barely moves, but must not keep the departed pod.
+				if replanned != nil {
+					if _, ok := replanned.Weights["fast-2"]; ok {
+						t.Fatalf("the re-plan at %.0f s still weights the departed fast-2: %v", replanned.TimeS, replanned.Weights)
+					}
+				}
+				return
+			}
+			if replanned == nil {
+				t.Fatalf("no weights reached the clients within the apply delay after fast-2 left at 95 s: %+v", r.Weights)
+			}
+			if _, ok := replanned.Weights["fast-2"]; ok || len(replanned.Weights) != 6 {
+				t.Fatalf("the re-plan at %.0f s has %v; want the six survivors only", replanned.TimeS, replanned.Weights)
+			}
+			// The whole load now falls on fewer fast pods: the slow pods' weights must rise
+			// against the fast ones'.
+			ratio := func(w map[string]int) float64 { return float64(w["slow-0"]) / float64(w["fast-0"]) }
+			if ratio(replanned.Weights) <= ratio(before.Weights) {
+				t.Fatalf("slow-0/fast-0 weight ratio %.3f before, %.3f after the re-plan: want it higher (before %v, after %v)",
+					ratio(before.Weights), ratio(replanned.Weights), before.Weights, replanned.Weights)
+			}
+		})
+	}
+}
+
 // TestNormalQuantile_SameBitsAsErfinv checks that the cost sampler's quantile is bit for bit
 // √2·math.Erfinv(2u-1), on both sides of the median, in both of Erfinv's regions and at the ends.
 func TestNormalQuantile_SameBitsAsErfinv(t *testing.T) {

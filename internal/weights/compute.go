@@ -199,7 +199,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 
 	firstStep := !adapted(endpoints, ok)
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
-	if !firstStep && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
+	if !firstStep && !in.Replan && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
@@ -209,6 +209,12 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			}
 		}
 		return d
+	}
+	// The gain smooths the correction against noise from cycle to cycle; a re-plan answers one
+	// known change of membership and takes the whole correction at once.
+	gain := p.Gain
+	if in.Replan {
+		gain = 1
 	}
 	logTarget := make([]float64, n)
 	have := make([]bool, n)
@@ -238,7 +244,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			reasons[i] = shareReason
 		case ep.CurrentWeight > 0:
 			observed := ep.RequestRate / totalRate
-			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + p.Gain*beyondNoise(math.Log(share[i]/observed), ep.RequestRate*windowSeconds)
+			logTarget[i] = math.Log(float64(ep.CurrentWeight)) + gain*beyondNoise(math.Log(share[i]/observed), ep.RequestRate*windowSeconds)
 			reasons[i] = ReasonUtilization
 		default:
 			reasons[i] = ReasonNewEndpoint

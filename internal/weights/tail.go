@@ -108,7 +108,12 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	predict = func(memberShares []float64) float64 {
 		return memberQuantile(memberShares, groups, load, budget, tHi*4)
 	}
+	// A re-plan after endpoints left goes to the optimum: the observed split is the old
+	// membership's, and holding near it is the hysteresis the re-plan exists to skip.
 	for _, theta := range []float64{0, 0.2, 0.4, 0.6, 0.8} {
+		if in.Replan {
+			break
+		}
 		x := make([]float64, len(groups))
 		for gi := range groups {
 			x[gi] = observed[gi]/observedTotal + theta*(optimum[gi]-observed[gi]/observedTotal)

@@ -367,3 +367,30 @@ func TestTail_SettledSplitDoesNotFollowTheTrickleNoise(t *testing.T) {
 		t.Fatalf("weights %v rewritten to %v (%s) for the trickle's noise", weightsOf(first), weightsOf(d), d.Reason)
 	}
 }
+
+// A re-plan after endpoints left is not held back by the settle rules (the survivors' rate is
+// below the peak because the departed pods' traffic is missing from it), and keeps every bound.
+func TestTail_ReplanAfterEndpointsLeftSkipsTheSettleRules(t *testing.T) {
+	eps := seedFleet(0)
+	for i := range eps {
+		eps[i].CurrentWeight = 50
+	}
+	for i := 0; i < 3; i++ {
+		eps[i].CurrentWeight = 4000
+	}
+	s := DefaultSettings(AlgorithmTail)
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 0.5, RecentPeakRequestRate: 3000, Replan: true}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Reason == ReasonWindowUnsettled {
+		t.Fatalf("changed %v reason %q, want a re-plan for the peak over these endpoints", d.Changed, d.Reason)
+	}
+	lo, hi := s.MaxWeight, 0
+	for _, r := range d.Endpoints {
+		lo, hi = min(lo, r.Weight), max(hi, r.Weight)
+	}
+	if lo < s.MinWeight || hi > s.MaxWeight || float64(hi) > s.Capacity.MaxWeightRatio*float64(lo)+0.5 {
+		t.Fatalf("weights %d..%d break the bounds [%d, %d] or the ratio %.0f", lo, hi, s.MinWeight, s.MaxWeight, s.Capacity.MaxWeightRatio)
+	}
+}

@@ -82,6 +82,16 @@ type Input struct {
 	// plans for it so that a burst does not land on pods loaded for a quiet spell. 0 means
 	// unknown: the current rate is used.
 	RecentPeakRequestRate float64
+	// Replan marks a re-plan after endpoints left the Service: the rates are the last cycle's,
+	// observed while the departed endpoints still served, and RecentPeakRequestRate still holds
+	// their traffic, so the engine plans the whole load over the survivors. The window-settle
+	// rules (a window straddling a weight change, a load below the recent peak) do not hold the
+	// weights back then, nor does the tail split's tolerance around the observed split (that
+	// split is the old membership's): the change is one of membership, not noise, and it is known
+	// now, so the feedback also takes its whole correction (gain 1) instead of Gain's share. Every
+	// bound (min and max weight, step and ratio limits, the overload cut) still applies, and so
+	// does the dead band: a re-plan that moves no traffic is not worth a write.
+	Replan bool
 }
 
 // Result is the engine's decision for one endpoint.

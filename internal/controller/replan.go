@@ -1,0 +1,171 @@
+package controller
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// lastPlans keeps, per AdaptiveLoadBalancer, what the last weight cycle gave the engine, so that
+// the mirror can re-plan the survivors' weights when endpoints leave (replanWeights). It lives
+// beside the membership records because the mirror and the cycle both reach those.
+type lastPlans struct {
+	mu    sync.Mutex
+	byKey map[types.NamespacedName]lastPlan
+}
+
+type lastPlan struct {
+	uid    types.UID // the AdaptiveLoadBalancer's: a new one of the same name starts afresh
+	at     time.Time
+	window time.Duration
+	target cycle.Target
+	// replanned is when the mirror last wrote re-planned weights (zero: never).
+	replanned time.Time
+}
+
+// Replanned records that re-planned weights for key were written now: the next cycle's window
+// then straddles a weight change, as after a cycle's own write.
+func (m *Membership) Replanned(key types.NamespacedName) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.mu.Unlock()
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	if p, ok := m.plans.byKey[key]; ok {
+		p.replanned = now
+		m.plans.byKey[key] = p
+	}
+}
+
+// LastReplan is when re-planned weights for key were last written; zero if never. The weight cycle counts it as a weight write for the window coverage. It is kept
+// in memory only: after a leader change the first cycle may take one mixed window as settled.
+func (m *Membership) LastReplan(key types.NamespacedName) time.Time {
+	if m == nil {
+		return time.Time{}
+	}
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	return m.plans.byKey[key].replanned
+}
+
+// RecordPlan keeps a cycle's input to the engine for key (endpoint IDs are IPs). Only inputs the
+// engine planned from count: a target whose metrics failed keeps no plan, so no re-plan happens
+// during a hold or a fallback.
+func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window time.Duration, t cycle.Target) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	at := m.clock.Now() // the mirror reads the plan's age on the same clock
+	m.mu.Unlock()
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	if t.MetricsErr != nil {
+		// No observations to re-plan from; the time of the last re-plan stays.
+		if prev, ok := m.plans.byKey[key]; ok {
+			prev.target, prev.at = cycle.Target{}, time.Time{}
+			m.plans.byKey[key] = prev
+		}
+		return
+	}
+	if m.plans.byKey == nil {
+		m.plans.byKey = map[types.NamespacedName]lastPlan{}
+	}
+	// The time of the last re-plan outlives the plan it came from: the windows of the next
+	// cycles straddle it until one window has passed.
+	var replanned time.Time
+	if prev, ok := m.plans.byKey[key]; ok && prev.uid == uid {
+		replanned = prev.replanned
+	}
+	m.plans.byKey[key] = lastPlan{uid: uid, at: at, window: window, target: t, replanned: replanned}
+}
+
+func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	for key := range m.plans.byKey {
+		if !keep(key) {
+			delete(m.plans.byKey, key)
+		}
+	}
+}
+
+// replanWeights re-plans the weights of the endpoints that stay when endpoints leave the
+// ServiceEntry, for the mirror to write in the same update that drops them: no extra write and no
+// extra istiod push, and the survivors carry the load within the mirror's latency instead of up
+// to a cycle and its settle rules later. It runs the planner (engine, rules for endpoints
+// without metrics, bounds) on the last cycle's observations of the survivors, with the weights
+// that were in force over that window and the Service's recent peak rate, which still holds the
+// departed endpoints' traffic: the whole load is planned over fewer pods. The window-settle rules
+// do not apply (weights.Input.Replan); the dead band does.
+//
+// It returns the weights by pod name, or nil to keep the weights the mirror would write anyway:
+// in DryRun and Frozen; for the published operator's algorithm, which reacts in its cycle only;
+// when no endpoint left, or one joined (a rolling restart's replacement, a scale-up: the lost
+// capacity is being replaced, and the newcomer has no observation to plan with); when the last
+// cycle's metrics failed (the hold and fallback rules keep deciding) or its observations are
+// older than one metrics window; when the planner rejects the input; and when the re-plan changes
+// nothing beyond the dead band.
+func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, built []istio.Endpoint) map[string]uint32 {
+	if m == nil || existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun || alb.Spec.Mode == adlbv1.ModeFrozen {
+		return nil
+	}
+	settings, err := EngineSettings(alb)
+	if err != nil || (settings.Algorithm != weights.AlgorithmCapacity && settings.Algorithm != weights.AlgorithmTail) {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.mu.Unlock()
+	m.plans.mu.Lock()
+	plan, ok := m.plans.byKey[key]
+	m.plans.mu.Unlock()
+	if !ok || plan.uid != alb.UID || plan.at.IsZero() || now.Sub(plan.at) > plan.window {
+		return nil
+	}
+	before := map[string]bool{}
+	for _, e := range existing.Spec.Endpoints {
+		before[e.Address] = true
+	}
+	stay := map[string]string{} // pod by IP
+	for _, e := range built {
+		if !before[e.IP] {
+			return nil
+		}
+		stay[e.IP] = e.Pod
+	}
+	if len(stay) == len(before) {
+		return nil
+	}
+	t := plan.target
+	t.Replan, t.DryRun, t.WindowCoverage = true, false, 1
+	t.Settings = settings
+	t.Endpoints = slices.DeleteFunc(slices.Clone(t.Endpoints), func(e weights.Endpoint) bool { return stay[e.ID] == "" })
+	if len(t.Endpoints) != len(stay) {
+		return nil // a survivor the last cycle did not observe
+	}
+	outcomes, _ := cycle.Plan(now, []cycle.Target{t}, map[string]cycle.State{t.Key: {LastGoodMetrics: plan.at}}, 0)
+	// Only a change is written: an unchanged decision carries the basis, the weights of the last
+	// cycle's window, and writing those would undo that cycle's own write.
+	o := outcomes[0]
+	if o.Err != nil || o.Action != cycle.ActionWrite {
+		return nil
+	}
+	out := make(map[string]uint32, len(o.Decision.Endpoints))
+	for _, r := range o.Decision.Endpoints {
+		out[stay[r.ID]] = uint32(r.Weight)
+	}
+	return out
+}

@@ -1,0 +1,166 @@
+package controller
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	apinetworkingv1 "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// Four fast pods (3 ms of CPU per request) carry most of the load, two slow ones (9 ms) little.
+var (
+	replanCores = []float64{1.2, 1.2, 1.2, 1.2, 0.45, 0.45}
+	replanRPS   = []float64{400, 400, 400, 400, 50, 50}
+)
+
+// dropPod rewrites the Service's slice without pod i (1-based web-i), as the endpointslice
+// controller does when a pod dies, and returns the ServiceEntry generation before and the first
+// version without its address.
+func (lf *loopFixture) dropPod(i int) (int64, map[string]int, int64) {
+	lf.t.Helper()
+	se, err := lf.serviceEntry("web")
+	if err != nil {
+		lf.t.Fatal(err)
+	}
+	before := se.Generation
+	var eps []sliceEndpoint
+	var keep []string
+	for j, ip := range lf.ips {
+		if j+1 != i {
+			eps = append(eps, ready(fmt.Sprintf("web-%d", j+1), ip))
+			keep = append(keep, ip)
+		}
+	}
+	lf.slice("web", "web-x", eps...)
+	after := lf.waitForAddresses("web", keep...)
+	got := map[string]int{}
+	for _, e := range after.Spec.Endpoints {
+		got[e.Address] = int(e.Weight)
+	}
+	return before, got, after.Generation
+}
+
+func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	rep := lf.run()
+	if lf.wrote(rep) != 1 {
+		t.Fatalf("first cycle wrote %d times: %+v", lf.wrote(rep), rep.Outcomes[lf.key()])
+	}
+	written := lf.weights()
+	in := rep.Inputs[lf.key()]
+
+	lf.clock.Step(8 * time.Second) // within the metrics window (2 intervals): the plan still counts
+	gen, got, genAfter := lf.dropPod(1)
+	if genAfter != gen+1 {
+		t.Fatalf("ServiceEntry generation %d -> %d: the endpoint's removal and the re-plan must be one update", gen, genAfter)
+	}
+	// What the planner decides for the survivors' inputs of that cycle, as a re-plan.
+	want := in
+	want.Replan, want.WindowCoverage = true, 1
+	want.Endpoints = nil
+	for _, e := range in.Endpoints {
+		if e.ID != lf.ips[0] {
+			want.Endpoints = append(want.Endpoints, e)
+		}
+	}
+	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
+	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
+		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
+	}
+	moved := false
+	for _, r := range outs[0].Decision.Endpoints {
+		if got[r.ID] != r.Weight {
+			t.Fatalf("survivor %s has weight %d, the re-plan computes %d (written %v, now %v)", r.ID, got[r.ID], r.Weight, written, got)
+		}
+		moved = moved || written[r.ID] != r.Weight
+	}
+	if !moved {
+		t.Fatalf("the re-plan kept every weight (%v): the scenario does not test it", got)
+	}
+	t.Logf("cycle: %v; after web-1 left: %v", orderedWeights(lf.ips, written), orderedWeights(lf.ips, got))
+
+	// The next cycle's window straddles the re-planned weights: its coverage counts from the
+	// re-plan (4 s of a 10 s window), not from the cycle's own last write 12 s ago.
+	lf.clock.Step(4 * time.Second)
+	lf.load(replanCores, replanRPS)
+	next := lf.run().Inputs[lf.key()]
+	if math.Abs(next.WindowCoverage-0.4) > 0.01 {
+		t.Fatalf("window coverage after the re-plan %.2f, want 0.40 (4 s since the re-plan over a 10 s window)", next.WindowCoverage)
+	}
+}
+
+func TestMirror_NoReplanWhenTheLastCyclesMetricsFailed(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	lf.run()
+	written := lf.weights()
+	lf.vm.Stop()
+	lf.clock.Step(loopInterval)
+	if o := lf.run().Outcomes[lf.key()]; o.Action != cycle.ActionHold {
+		t.Fatalf("outage cycle: %s (%s), want Hold", o.Action, o.Reason)
+	}
+	gen, got, genAfter := lf.dropPod(1)
+	if genAfter != gen+1 {
+		t.Fatalf("ServiceEntry generation %d -> %d, want one update", gen, genAfter)
+	}
+	for ip, w := range got {
+		if written[ip] != w {
+			t.Fatalf("%s's weight went %d -> %d while metrics are failing: want the held weights kept (%v -> %v)", ip, written[ip], w, written, got)
+		}
+	}
+}
+
+// A re-plan that changes nothing must leave the weights the ServiceEntry has: the planner's
+// unchanged decision carries the last cycle's basis, and writing it would undo a later write.
+// The published operator's algorithm never re-plans.
+func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T) {
+	m := NewMembership(clocktesting.NewFakeClock(time.Unix(1_000_000, 0)))
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
+	alb.Spec.Algorithm = adlbv1.AlgorithmCapacity
+	// Four equal pods at equal weights: the engine keeps every weight.
+	var eps []weights.Endpoint
+	se := &networkingv1.ServiceEntry{}
+	var built []istio.Endpoint
+	for i := 1; i <= 4; i++ {
+		ip := fmt.Sprintf("10.0.0.%d", i)
+		eps = append(eps, weights.Endpoint{ID: ip, CPUCores: 0.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
+		// A later write moved every weight to 150.
+		se.Spec.Endpoints = append(se.Spec.Endpoints, &apinetworkingv1.WorkloadEntry{Address: ip, Weight: 150})
+		if i > 1 {
+			built = append(built, istio.Endpoint{Pod: fmt.Sprintf("web-%d", i), IP: ip, Weight: 150})
+		}
+	}
+	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	if got := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
+	}
+
+	// Uneven costs make the capacity engine move the survivors; cpu-distance still never re-plans.
+	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5
+	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	if got := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
+		t.Fatalf("capacity re-plan %v: want web-2 (cheaper per request) above web-3", got)
+	}
+	alb.Spec.Algorithm = adlbv1.AlgorithmCPUDistance
+	if got := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("cpu-distance re-planned to %v; it must react in its cycle only", got)
+	}
+	// A recreated AdaptiveLoadBalancer of the same name does not inherit the plan.
+	alb.Spec.Algorithm, alb.UID = adlbv1.AlgorithmCapacity, "uid-2"
+	if got := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("a new AdaptiveLoadBalancer re-planned from its predecessor's cycle: %v", got)
+	}
+}
