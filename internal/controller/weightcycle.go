@@ -211,6 +211,24 @@ func (w *WeightCycle) seedPeak(key types.NamespacedName, alb *adlbv1.AdaptiveLoa
 	w.rateHistory[key] = []rateObservation{{at: at, rate: rate}}
 }
 
+// recentPeakStatus is status.recentPeak for the observation peak, or nil when there is none or
+// its rate does not fit the schema's Decimal (a negative rate or one of 10^14 per second and
+// more, which only a wrong query gives): the API server would refuse the whole status write,
+// conditions and all, every cycle while that rate is in the window.
+func recentPeakStatus(peak rateObservation, observed bool) *adlbv1.RecentPeak {
+	if !observed || !(peak.rate >= 0) {
+		return nil
+	}
+	rate := strconv.FormatFloat(peak.rate, 'f', 1, 64)
+	if len(rate) > maxDecimalLength {
+		return nil
+	}
+	return &adlbv1.RecentPeak{RequestRate: adlbv1.Decimal(rate), ObservedAt: metav1.NewTime(peak.at)}
+}
+
+// maxDecimalLength is the schema's MaxLength of a Decimal (api/v1alpha1).
+const maxDecimalLength = 16
+
 // statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
 // request rate: they change every cycle, and at 10,000 AdaptiveLoadBalancers on a 30 s interval
 // writing them each time would cost the API server 333 patches per second for numbers nothing
@@ -1101,11 +1119,8 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 			t := metav1.NewTime(now)
 			alb.Status.LastWeightWrite = &t
 		}
-		if d.hasPeak {
-			alb.Status.RecentPeak = &adlbv1.RecentPeak{
-				RequestRate: adlbv1.Decimal(strconv.FormatFloat(d.peak.rate, 'f', 1, 64)),
-				ObservedAt:  metav1.NewTime(d.peak.at),
-			}
+		if p := recentPeakStatus(d.peak, d.hasPeak); p != nil {
+			alb.Status.RecentPeak = p
 		}
 		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
 		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
