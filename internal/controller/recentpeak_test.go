@@ -7,7 +7,11 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
 
 // status.recentPeak is written only in a form the CRD's schema accepts: a refused value would
@@ -59,5 +63,41 @@ func TestRecentPeakStatus_AlwaysFitsTheSchema(t *testing.T) {
 	}
 	if recentPeakStatus(rateObservation{at: at, rate: 5}, false) != nil {
 		t.Error("a peak is written although none was observed")
+	}
+}
+
+// Under a CRD older than status.recentPeak (crds/ is not applied by helm upgrade) the API server
+// prunes the field, so every status read back has none. Compared with that, each cycle's peak
+// would look like a first one and the status would be written every cycle (333 patches per
+// second at 10,000 AdaptiveLoadBalancers on a 30 s interval); the cycle compares with the peak
+// it wrote instead, and still writes a real rise at once and refreshes after the interval.
+func TestWeightCycle_APrunedRecentPeakIsNotRewrittenEveryCycle(t *testing.T) {
+	w := &WeightCycle{}
+	key := types.NamespacedName{Namespace: "shop", Name: "web"}
+	t0 := time.Date(2026, 11, 23, 6, 0, 0, 0, time.UTC)
+	pruned := func(cpu string) *adlbv1.AdaptiveLoadBalancerStatus {
+		return &adlbv1.AdaptiveLoadBalancerStatus{Endpoints: []adlbv1.EndpointStatus{{Pod: "a", IP: "10.0.0.1", Weight: 100, CPUCores: adlbv1.Decimal(cpu)}}}
+	}
+	withPeak := func(cpu, rate string, at time.Time) *adlbv1.AdaptiveLoadBalancerStatus {
+		s := pruned(cpu)
+		s.RecentPeak = &adlbv1.RecentPeak{RequestRate: adlbv1.Decimal(rate), ObservedAt: metav1.NewTime(at)}
+		return s
+	}
+	if w.skipStatusWrite(key, pruned("0.5"), withPeak("0.6", "600.0", t0), t0) {
+		t.Fatal("the first peak was not written")
+	}
+	for i := 1; i <= 4; i++ {
+		now := t0.Add(time.Duration(i) * 30 * time.Second)
+		if !w.skipStatusWrite(key, pruned("0.6"), withPeak("0.7", "610.0", now), now) {
+			t.Fatalf("cycle %d: the status was written again because the API server pruned the peak written before", i)
+		}
+	}
+	rise := t0.Add(150 * time.Second)
+	if w.skipStatusWrite(key, pruned("0.6"), withPeak("0.7", "900.0", rise), rise) {
+		t.Error("a peak 1.5x the one written was held back")
+	}
+	refresh := rise.Add(statusSignalsInterval)
+	if w.skipStatusWrite(key, pruned("0.7"), withPeak("0.8", "900.0", rise), refresh) {
+		t.Error("the status was not refreshed after the interval")
 	}
 }

@@ -125,6 +125,10 @@ type WeightCycle struct {
 	known map[types.NamespacedName]map[string]bool
 	// lastStatusWrite is when each AdaptiveLoadBalancer's status was last written by the cycle.
 	lastStatusWrite map[types.NamespacedName]time.Time
+	// writtenPeak is the status.recentPeak the cycle last wrote for each AdaptiveLoadBalancer:
+	// the API server prunes the field under a CRD older than it (crds/ not applied on upgrade),
+	// and comparing with the nil it reads back would write the status every cycle.
+	writtenPeak map[types.NamespacedName]*adlbv1.RecentPeak
 	// rateHistory holds, per AdaptiveLoadBalancer, the Service's request rate of each cycle
 	// within the last peakRateWindow, oldest first: the engine plans for their maximum.
 	rateHistory map[types.NamespacedName][]rateObservation
@@ -245,11 +249,29 @@ func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *a
 	if w.lastStatusWrite == nil {
 		w.lastStatusWrite = map[types.NamespacedName]time.Time{}
 	}
-	if last, ok := w.lastStatusWrite[key]; ok && now.Sub(last) < statusSignalsInterval && signalsOnly(before, after) {
+	if w.writtenPeak == nil {
+		w.writtenPeak = map[types.NamespacedName]*adlbv1.RecentPeak{}
+	}
+	if last, ok := w.lastStatusWrite[key]; ok && now.Sub(last) < statusSignalsInterval && signalsOnly(w.withWrittenPeak(key, before), after) {
 		return true
 	}
 	w.lastStatusWrite[key] = now
+	if after.RecentPeak != nil {
+		w.writtenPeak[key] = after.RecentPeak.DeepCopy()
+	}
 	return false
+}
+
+// withWrittenPeak is the status as the cycle last wrote it as far as recentPeak goes: when the
+// API server returned none (it prunes the field under a CRD that lacks it), the one written.
+func (w *WeightCycle) withWrittenPeak(key types.NamespacedName, status *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
+	written, ok := w.writtenPeak[key]
+	if status.RecentPeak != nil || !ok {
+		return status
+	}
+	c := status.DeepCopy()
+	c.RecentPeak = written
+	return c
 }
 
 // signalsOnly reports whether two statuses differ in the endpoints' CPU and request rate alone,
@@ -699,6 +721,7 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 	dropGone(w.states, live)
 	dropGone(w.lastRun, live)
 	dropGone(w.lastStatusWrite, live)
+	dropGone(w.writtenPeak, live)
 	dropGone(w.known, live)
 	dropGone(w.rateHistory, live)
 }
