@@ -218,8 +218,8 @@ func (w *watchdog) check(ctx context.Context) {
 // an operator older than that label wrote. Those may be another installation's still on an old
 // version; deleting one of them is safe (the mesh falls back to the Kubernetes endpoints and its
 // live operator re-creates it at once), keeping a dead installation's forever is not. An upgraded
-// operator stamps its label on each of its ServiceEntries at the first reconcile, so once every
-// installation runs it, each watchdog deletes its own installation's only.
+// operator stamps its label on each of its ServiceEntries with that one's next write (not all at
+// once at the upgrade), and on every one it re-creates.
 func (w *watchdog) installSelectors() []labels.Selector {
 	managed, _ := labels.NewRequirement(controller.ManagedByLabel, selection.Equals, []string{controller.ManagedByValue})
 	mine, _ := labels.NewRequirement(controller.InstallLabel, selection.Equals, []string{controller.InstallID(w.lease.Namespace, w.lease.Name)})

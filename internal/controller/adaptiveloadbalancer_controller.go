@@ -350,12 +350,22 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	}, nil
 }
 
-// upToDate reports whether the ServiceEntry already has the desired spec and is marked as ours
-// (and as this installation's: one written by an older version gets the label at the next
-// reconcile).
+// upToDate reports whether the ServiceEntry already has the desired spec and is marked as ours,
+// and not as another installation's (installLabelCurrent).
 func (r *AdaptiveLoadBalancerReconciler) upToDate(se *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry) bool {
 	return proto.Equal(&se.Spec, spec) && se.Labels[ManagedByLabel] == ManagedByValue &&
-		(r.InstallID == "" || se.Labels[InstallLabel] == r.InstallID)
+		installLabelCurrent(se.Labels, r.InstallID)
+}
+
+// installLabelCurrent reports whether labels need no write for the installation label alone.
+// One naming another installation (the Lease was renamed or moved) is rewritten at once: this
+// installation's watchdog would never delete it. One without the label (written by an operator
+// older than it) gets it with its next write: every watchdog deletes those, which is safe, and
+// restamping them all at once would rewrite every ServiceEntry at the upgrade (10,000 writes and
+// as many istiod pushes at 10,000 Services, queued before the endpoint changes).
+func installLabelCurrent(labels map[string]string, installID string) bool {
+	got, ok := labels[InstallLabel]
+	return installID == "" || !ok || got == installID
 }
 
 // stampLabels marks se as this operator's, owned by alb.

@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
@@ -74,7 +76,22 @@ func TestMirror_RetriesAPIErrorsWithBackOff(t *testing.T) {
 			f.slice("web", "web-x", ready("web-1", "10.9.0.1"))
 			f.alb("web", "web")
 
-			c := f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)
+			// WriteFailed, or, once the failures outlast the suite's stale timeout (a loaded
+			// machine may take that long to show the first one), StaleServiceEntryRemoved: both
+			// carry the API error.
+			var c *metav1.Condition
+			f.eventually("Ready=False/WriteFailed or StaleServiceEntryRemoved", func() error {
+				a := &adlbv1.AdaptiveLoadBalancer{}
+				if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, a); err != nil {
+					return err
+				}
+				c = meta.FindStatusCondition(a.Status.Conditions, adlbv1.ConditionReady)
+				if c == nil || c.Status != metav1.ConditionFalse ||
+					(c.Reason != adlbv1.ReasonWriteFailed && c.Reason != adlbv1.ReasonStaleServiceEntryRemoved) {
+					return fmt.Errorf("Ready: %+v", c)
+				}
+				return nil
+			})
 			if !strings.Contains(c.Message, "injected") {
 				t.Fatalf("the condition should carry the API error, got %q", c.Message)
 			}

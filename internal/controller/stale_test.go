@@ -254,8 +254,9 @@ func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
 const suiteInstallID = "adaptive-lb-test.adaptive-lb.adaptivelb.io"
 
 // Every ServiceEntry names the installation that wrote it, which scopes the fail-open
-// watchdog to its own; one written before the label existed (here: the label removed) gets it
-// at the next reconcile.
+// watchdog to its own. One labelled as another installation's (the Lease renamed) is restamped
+// at the next reconcile; one written before the label existed (here: the label removed) gets it
+// with its next write, an endpoint change.
 func TestMirror_StampsItsInstallationOnEveryServiceEntry(t *testing.T) {
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
@@ -267,20 +268,64 @@ func TestMirror_StampsItsInstallationOnEveryServiceEntry(t *testing.T) {
 	if got := se.Labels[InstallLabel]; got != suiteInstallID {
 		t.Fatalf("a new ServiceEntry has %s=%q, want %q", InstallLabel, got, suiteInstallID)
 	}
+	hasInstallLabel := func(what string) {
+		f.eventually(what, func() error {
+			got, err := f.serviceEntry("web")
+			if err != nil {
+				return err
+			}
+			if got.Labels[InstallLabel] != suiteInstallID {
+				return fmt.Errorf("labels %v", got.Labels)
+			}
+			return nil
+		})
+	}
+	se.Labels[InstallLabel] = "other-namespace.other-lease"
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
+	}
+	hasInstallLabel("the installation label replaces another installation's")
+
+	se, err := f.serviceEntry("web")
+	if err != nil {
+		t.Fatal(err)
+	}
 	delete(se.Labels, InstallLabel)
 	if err := k8s.Update(f.ctx, se); err != nil {
 		t.Fatal(err)
 	}
-	f.eventually("the installation label is stamped on a ServiceEntry without it", func() error {
-		got, err := f.serviceEntry("web")
-		if err != nil {
-			return err
+	f.pod("web", "web-2", "10.33.0.2")
+	f.slice("web", "web-x", ready("web-1", "10.33.0.1"), ready("web-2", "10.33.0.2"))
+	f.waitForAddresses("web", "10.33.0.1", "10.33.0.2")
+	hasInstallLabel("the installation label is stamped with the next write of a ServiceEntry without it")
+}
+
+// An upgrade from an operator older than the installation label does not rewrite every
+// ServiceEntry for the label alone (10,000 writes and istiod pushes at once at 10,000
+// Services): one without it is up to date until its next write. One naming another
+// installation is not, since this installation's watchdog would never delete it.
+func TestUpToDate_AMissingInstallationLabelWaitsForTheNextWrite(t *testing.T) {
+	r := &AdaptiveLoadBalancerReconciler{InstallID: suiteInstallID}
+	withLabels := func(labels map[string]string) *networkingv1.ServiceEntry {
+		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Labels: labels}}
+		se.Spec.Hosts = []string{"web.default.svc.cluster.local"}
+		return se
+	}
+	desired := withLabels(nil).Spec.DeepCopy()
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   bool
+	}{
+		{"this installation's", map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: suiteInstallID}, true},
+		{"without the installation label", map[string]string{ManagedByLabel: ManagedByValue}, true},
+		{"another installation's", map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: "other.lease"}, false},
+		{"without the managed-by label", map[string]string{InstallLabel: suiteInstallID}, false},
+	} {
+		if got := r.upToDate(withLabels(c.labels), desired); got != c.want {
+			t.Errorf("%s: upToDate = %v, want %v", c.name, got, c.want)
 		}
-		if got.Labels[InstallLabel] != suiteInstallID {
-			return fmt.Errorf("labels %v", got.Labels)
-		}
-		return nil
-	})
+	}
 }
 
 // When the stale ServiceEntry cannot be deleted either (a policy refuses that too), the failure

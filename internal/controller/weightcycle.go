@@ -125,6 +125,10 @@ type WeightCycle struct {
 	known map[types.NamespacedName]map[string]bool
 	// lastStatusWrite is when each AdaptiveLoadBalancer's status was last written by the cycle.
 	lastStatusWrite map[types.NamespacedName]time.Time
+	// writtenPeak is the status.recentPeak the cycle last wrote for each AdaptiveLoadBalancer:
+	// the API server prunes the field under a CRD older than it (crds/ not applied on upgrade),
+	// and comparing with the nil it reads back would write the status every cycle.
+	writtenPeak map[types.NamespacedName]*adlbv1.RecentPeak
 	// rateHistory holds, per AdaptiveLoadBalancer, the Service's request rate of each cycle
 	// within the last peakRateWindow, oldest first: the engine plans for their maximum.
 	rateHistory map[types.NamespacedName][]rateObservation
@@ -217,6 +221,24 @@ func (w *WeightCycle) seedPeak(key types.NamespacedName, alb *adlbv1.AdaptiveLoa
 	w.rateHistory[key] = []rateObservation{{at: at, rate: rate}}
 }
 
+// recentPeakStatus is status.recentPeak for the observation peak, or nil when there is none or
+// its rate does not fit the schema's Decimal (a negative rate or one of 10^14 per second and
+// more, which only a wrong query gives): the API server would refuse the whole status write,
+// conditions and all, every cycle while that rate is in the window.
+func recentPeakStatus(peak rateObservation, observed bool) *adlbv1.RecentPeak {
+	if !observed || !(peak.rate >= 0) {
+		return nil
+	}
+	rate := strconv.FormatFloat(peak.rate, 'f', 1, 64)
+	if len(rate) > maxDecimalLength {
+		return nil
+	}
+	return &adlbv1.RecentPeak{RequestRate: adlbv1.Decimal(rate), ObservedAt: metav1.NewTime(peak.at)}
+}
+
+// maxDecimalLength is the schema's MaxLength of a Decimal (api/v1alpha1).
+const maxDecimalLength = 16
+
 // statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
 // request rate: they change every cycle, and at 10,000 AdaptiveLoadBalancers on a 30 s interval
 // writing them each time would cost the API server 333 patches per second for numbers nothing
@@ -233,11 +255,29 @@ func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *a
 	if w.lastStatusWrite == nil {
 		w.lastStatusWrite = map[types.NamespacedName]time.Time{}
 	}
-	if last, ok := w.lastStatusWrite[key]; ok && now.Sub(last) < statusSignalsInterval && signalsOnly(before, after) {
+	if w.writtenPeak == nil {
+		w.writtenPeak = map[types.NamespacedName]*adlbv1.RecentPeak{}
+	}
+	if last, ok := w.lastStatusWrite[key]; ok && now.Sub(last) < statusSignalsInterval && signalsOnly(w.withWrittenPeak(key, before), after) {
 		return true
 	}
 	w.lastStatusWrite[key] = now
+	if after.RecentPeak != nil {
+		w.writtenPeak[key] = after.RecentPeak.DeepCopy()
+	}
 	return false
+}
+
+// withWrittenPeak is the status as the cycle last wrote it as far as recentPeak goes: when the
+// API server returned none (it prunes the field under a CRD that lacks it), the one written.
+func (w *WeightCycle) withWrittenPeak(key types.NamespacedName, status *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
+	written, ok := w.writtenPeak[key]
+	if status.RecentPeak != nil || !ok {
+		return status
+	}
+	c := status.DeepCopy()
+	c.RecentPeak = written
+	return c
 }
 
 // signalsOnly reports whether two statuses differ in the endpoints' CPU and request rate alone,
@@ -695,6 +735,7 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 	dropGone(w.states, live)
 	dropGone(w.lastRun, live)
 	dropGone(w.lastStatusWrite, live)
+	dropGone(w.writtenPeak, live)
 	dropGone(w.known, live)
 	dropGone(w.rateHistory, live)
 }
@@ -1115,11 +1156,8 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 			t := metav1.NewTime(now)
 			alb.Status.LastWeightWrite = &t
 		}
-		if d.hasPeak {
-			alb.Status.RecentPeak = &adlbv1.RecentPeak{
-				RequestRate: adlbv1.Decimal(strconv.FormatFloat(d.peak.rate, 'f', 1, 64)),
-				ObservedAt:  metav1.NewTime(d.peak.at),
-			}
+		if p := recentPeakStatus(d.peak, d.hasPeak); p != nil {
+			alb.Status.RecentPeak = p
 		}
 		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
 		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
