@@ -134,14 +134,28 @@ func (s *splitSearch) directMass(g int, x, t float64) float64 {
 // quantileOf is split x's predicted quantile, bisected in [0, upper] to thresholdTolerance;
 // a split whose quantile is beyond upper gets upper.
 func (s *splitSearch) quantileOf(x []float64, upper float64) float64 {
-	lo, hi := 0.0, upper
-	for i := 0; i < 40 && hi-lo > thresholdTolerance*hi; i++ {
-		mid := (lo + hi) / 2
+	return s.quantileWithin(x, upper, thresholdTolerance)
+}
+
+// quantileWithin is quantileOf to a relative tolerance of tol.
+func (s *splitSearch) quantileWithin(x []float64, upper, tol float64) float64 {
+	return lowestThreshold(upper, tol, s.budget, func(t float64) float64 {
 		var m float64
 		for g := range s.groups {
-			m += s.directMass(g, x[g], mid)
+			m += s.directMass(g, x[g], t)
 		}
-		if m <= s.budget {
+		return m
+	})
+}
+
+// lowestThreshold bisects [0, upper] to a relative tolerance of tol for the lowest latency
+// threshold whose predicted mass above it (massAbove, decreasing in the threshold) stays within
+// budget: the predicted quantile. A quantile beyond upper gives upper.
+func lowestThreshold(upper, tol, budget float64, massAbove func(t float64) float64) float64 {
+	lo, hi := 0.0, upper
+	for i := 0; i < 80 && hi-lo > tol*hi; i++ {
+		mid := (lo + hi) / 2
+		if massAbove(mid) <= budget {
 			hi = mid
 		} else {
 			lo = mid

@@ -153,20 +153,7 @@ func TestSplitSearch_MatchesTheExhaustiveSearch(t *testing.T) {
 
 // preciseQuantile is split x's predicted quantile bisected in [0, upper] to 10⁻⁷ relative.
 func preciseQuantile(s *splitSearch, x []float64, upper float64) float64 {
-	lo, hi := 0.0, upper
-	for i := 0; i < 80 && hi-lo > 1e-7*hi; i++ {
-		mid := (lo + hi) / 2
-		var m float64
-		for g := range s.groups {
-			m += s.directMass(g, x[g], mid)
-		}
-		if m <= s.budget {
-			hi = mid
-		} else {
-			lo = mid
-		}
-	}
-	return hi
+	return s.quantileWithin(x, upper, 1e-7)
 }
 
 // The floor must be a bound: no split within the bounds keeps its mass within the budget

@@ -158,16 +158,7 @@ func memberQuantile(memberShares []float64, groups []*podGroup, load, budget, tM
 	if massAbove(tMax) > budget {
 		return math.Inf(1) // beyond what the models tell apart: no gain can be promised
 	}
-	lo, hi := 0.0, tMax
-	for i := 0; i < 40 && hi-lo > thresholdTolerance*hi; i++ {
-		mid := (lo + hi) / 2
-		if massAbove(mid) <= budget {
-			hi = mid
-		} else {
-			lo = mid
-		}
-	}
-	return hi
+	return lowestThreshold(tMax, thresholdTolerance, budget, massAbove)
 }
 
 // memberCapacity is an endpoint's requests per second at its CPU limit.
