@@ -91,6 +91,25 @@ func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window 
 	m.plans.byKey[key] = lastPlan{uid: uid, at: at, window: window, target: t, replanned: replanned}
 }
 
+// listedThroughout reports whether every pod of stay (by IP) has been in the ServiceEntry since
+// before at, at the same address. The plan's observations are keyed by IP: an address that left
+// and came back, or that another pod took over, carries observations of a pod that is not there.
+func (m *Membership) listedThroughout(key types.NamespacedName, stay map[string]string, at time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	log, ok := m.byKey[key]
+	if !ok {
+		return false
+	}
+	for ip, pod := range stay {
+		since, in := log.in[ip]
+		if !in || since.After(at) || log.weight[ip].pod != pod {
+			return false
+		}
+	}
+	return true
+}
+
 func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()
@@ -113,7 +132,8 @@ func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 // It returns the weights by pod name, or nil to keep the weights the mirror would write anyway:
 // in DryRun and Frozen; for the published operator's algorithm, which reacts in its cycle only;
 // when no endpoint left, or one joined (a rolling restart's replacement, a scale-up: the lost
-// capacity is being replaced, and the newcomer has no observation to plan with); when the last
+// capacity is being replaced, and the newcomer has no observation to plan with), or a survivor's
+// address was not listed, for the same pod, all along since the last cycle; when the last
 // cycle's metrics failed (the hold and fallback rules keep deciding) or its observations are
 // older than one metrics window; when the planner rejects the input; and when the re-plan changes
 // nothing beyond the dead band.
@@ -146,7 +166,7 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 		}
 		stay[e.IP] = e.Pod
 	}
-	if len(stay) == len(before) {
+	if len(stay) == len(before) || !m.listedThroughout(key, stay, plan.at) {
 		return nil
 	}
 	t := plan.target

@@ -143,6 +143,11 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 			built = append(built, istio.Endpoint{Pod: fmt.Sprintf("web-%d", i), IP: ip, Weight: 150})
 		}
 	}
+	var listed []MemberEndpoint
+	for i, e := range eps {
+		listed = append(listed, MemberEndpoint{IP: e.ID, Pod: fmt.Sprintf("web-%d", i+1), Weight: 150})
+	}
+	m.Observe(key, listed) // the mirror's record: every survivor listed since before the cycle
 	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
 	if got := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
@@ -162,5 +167,74 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 	alb.Spec.Algorithm, alb.UID = adlbv1.AlgorithmCapacity, "uid-2"
 	if got := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("a new AdaptiveLoadBalancer re-planned from its predecessor's cycle: %v", got)
+	}
+}
+
+// A survivor whose address was taken by another pod since the last cycle (the pod that was
+// observed left, a new one got its IP) has no observation of its own: the re-plan must not hand
+// it the departed pod's measurements and weight. Same when the pod at an address changed
+// between two mirror writes without the address ever leaving the ServiceEntry.
+func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	m := NewMembership(clk)
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
+	alb.Spec.Algorithm = adlbv1.AlgorithmCapacity
+	ip := func(i int) string { return fmt.Sprintf("10.0.0.%d", i) }
+	listed := func(pods ...string) []MemberEndpoint {
+		var out []MemberEndpoint
+		for i, p := range pods {
+			if p != "" {
+				out = append(out, MemberEndpoint{IP: ip(i + 1), Pod: p, Weight: 100})
+			}
+		}
+		return out
+	}
+	var eps []weights.Endpoint
+	for i := 1; i <= 4; i++ {
+		eps = append(eps, weights.Endpoint{ID: ip(i), CPUCores: 0.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
+	}
+	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5 // uneven: the re-plan moves the weights
+	plan := cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400}
+	se := func(pods ...string) *networkingv1.ServiceEntry {
+		s := &networkingv1.ServiceEntry{}
+		for _, e := range listed(pods...) {
+			s.Spec.Endpoints = append(s.Spec.Endpoints, &apinetworkingv1.WorkloadEntry{Address: e.IP, Weight: e.Weight})
+		}
+		return s
+	}
+	built := func(pods ...string) []istio.Endpoint {
+		var out []istio.Endpoint
+		for _, e := range listed(pods...) {
+			out = append(out, istio.Endpoint{Pod: e.Pod, IP: e.IP, Weight: e.Weight})
+		}
+		return out
+	}
+
+	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
+	clk.Step(10 * time.Second)
+	m.RecordPlan(key, alb.UID, time.Minute, plan)
+	if got := m.replanWeights(alb, se("web-1", "web-2", "web-3", "web-4"), built("web-1", "web-2", "web-3", "")); got == nil {
+		t.Fatal("no re-plan when web-4 leaves: the scenario cannot tell a refused re-plan from none")
+	}
+
+	// web-1 leaves; web-9 comes up on its address; then web-4 leaves.
+	clk.Step(5 * time.Second)
+	m.Observe(key, listed("", "web-2", "web-3", "web-4"))
+	clk.Step(5 * time.Second)
+	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
+	if got := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
+		t.Fatalf("re-planned %v: web-9 was given web-1's observations at the reused address", got)
+	}
+
+	// The pod at 10.0.0.1 changes between two mirror writes without the address leaving.
+	m = NewMembership(clk)
+	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
+	clk.Step(10 * time.Second)
+	m.RecordPlan(key, alb.UID, time.Minute, plan)
+	clk.Step(5 * time.Second)
+	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
+	if got := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
+		t.Fatalf("re-planned %v: web-9 took over web-1's address between two writes and was given its observations", got)
 	}
 }
