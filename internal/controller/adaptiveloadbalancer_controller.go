@@ -317,7 +317,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
-	replanned := r.Membership.replanWeights(alb, existing, endpoints)
+	replanned, plannedAt := r.Membership.replanWeights(alb, existing, endpoints)
 	if replanned != nil {
 		// Endpoints left: the survivors' re-planned weights go out in this same write.
 		if in.Weights == nil {
@@ -333,11 +333,13 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		r.upToDate(existing, spec) && !r.upToDate(cached, spec) {
 		return mirrorOutcome{}, errStaleView
 	}
+	if replanned != nil {
+		// Before the write: a weight cycle that planned for the old membership and writes after
+		// this point must see it and keep these weights.
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb), plannedAt)
+	}
 	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
 		return mirrorOutcome{}, err
-	}
-	if replanned != nil {
-		r.Membership.Replanned(client.ObjectKeyFromObject(alb))
 	}
 	return mirrorOutcome{
 		status: metav1.ConditionTrue,

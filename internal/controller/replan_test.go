@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"context"
+
 	"fmt"
 	"math"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
@@ -149,23 +152,23 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 	}
 	m.Observe(key, listed) // the mirror's record: every survivor listed since before the cycle
 	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
-	if got := m.replanWeights(alb, se, built); got != nil {
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
 	}
 
 	// Uneven costs make the capacity engine move the survivors; cpu-distance still never re-plans.
 	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5
 	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
-	if got := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
+	if got, _ := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
 		t.Fatalf("capacity re-plan %v: want web-2 (cheaper per request) above web-3", got)
 	}
 	alb.Spec.Algorithm = adlbv1.AlgorithmCPUDistance
-	if got := m.replanWeights(alb, se, built); got != nil {
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("cpu-distance re-planned to %v; it must react in its cycle only", got)
 	}
 	// A recreated AdaptiveLoadBalancer of the same name does not inherit the plan.
 	alb.Spec.Algorithm, alb.UID = adlbv1.AlgorithmCapacity, "uid-2"
-	if got := m.replanWeights(alb, se, built); got != nil {
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("a new AdaptiveLoadBalancer re-planned from its predecessor's cycle: %v", got)
 	}
 }
@@ -214,7 +217,7 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
 	clk.Step(10 * time.Second)
 	m.RecordPlan(key, alb.UID, time.Minute, plan)
-	if got := m.replanWeights(alb, se("web-1", "web-2", "web-3", "web-4"), built("web-1", "web-2", "web-3", "")); got == nil {
+	if got, _ := m.replanWeights(alb, se("web-1", "web-2", "web-3", "web-4"), built("web-1", "web-2", "web-3", "")); got == nil {
 		t.Fatal("no re-plan when web-4 leaves: the scenario cannot tell a refused re-plan from none")
 	}
 
@@ -223,7 +226,7 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 	m.Observe(key, listed("", "web-2", "web-3", "web-4"))
 	clk.Step(5 * time.Second)
 	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
-	if got := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
+	if got, _ := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
 		t.Fatalf("re-planned %v: web-9 was given web-1's observations at the reused address", got)
 	}
 
@@ -234,7 +237,77 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 	m.RecordPlan(key, alb.UID, time.Minute, plan)
 	clk.Step(5 * time.Second)
 	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
-	if got := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
+	if got, _ := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
 		t.Fatalf("re-planned %v: web-9 took over web-1's address between two writes and was given its observations", got)
+	}
+}
+
+// getHook runs before on the first Get of a ServiceEntry named name once armed says so, then
+// reads through.
+type getHook struct {
+	client.Client
+	name   string
+	armed  func() bool
+	before func()
+	done   bool
+}
+
+func (h *getHook) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*networkingv1.ServiceEntry); ok && key.Name == h.name && !h.done && h.armed() {
+		h.done = true
+		h.before()
+	}
+	return h.Client.Get(ctx, key, obj, opts...)
+}
+
+// A pod that leaves while a weight cycle is between its plan and its write: the mirror re-plans
+// the survivors from the cycle's fresh inputs, and the cycle's decision, which still counts the
+// departed pod's capacity, must not overwrite them a moment later.
+func TestMirror_ReplanIsNotUndoneByTheWriteOfACycleThatPlannedBeforeThePodLeft(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	var got map[string]int
+	// The cycle reads the ServiceEntry to plan, and again to write, after it recorded its plan.
+	planned := func() bool {
+		sharedMembership.plans.mu.Lock()
+		defer sharedMembership.plans.mu.Unlock()
+		_, ok := sharedMembership.plans.byKey[lf.key()]
+		return ok
+	}
+	lf.loop.Client = &getHook{Client: lf.loop.Client, name: "web", armed: planned, before: func() { _, got, _ = lf.dropPod(1) }}
+	rep := lf.run()
+	if got == nil {
+		t.Fatal("the cycle never read the ServiceEntry to write its weights: the scenario does not test the race")
+	}
+	in := rep.Inputs[lf.key()]
+	want := in
+	want.Replan, want.WindowCoverage = true, 1
+	want.Endpoints = nil
+	for _, e := range in.Endpoints {
+		if e.ID != lf.ips[0] {
+			want.Endpoints = append(want.Endpoints, e)
+		}
+	}
+	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
+	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
+		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
+	}
+	cycleWeights := rep.Outcomes[lf.key()].Decision.Weights()
+	final := lf.weights()
+	differs := false
+	for _, r := range outs[0].Decision.Endpoints {
+		if got[r.ID] != r.Weight {
+			t.Fatalf("the mirror wrote %v, the re-plan computes %d for %s", got, r.Weight, r.ID)
+		}
+		if final[r.ID] != r.Weight {
+			t.Fatalf("survivor %s has weight %d after the cycle, the mirror's re-plan %d: the cycle's decision for the old membership %v undid the re-plan %v (now %v)", r.ID, final[r.ID], r.Weight, cycleWeights, got, final)
+		}
+		differs = differs || cycleWeights[r.ID] != r.Weight
+	}
+	if !differs {
+		t.Fatalf("the cycle's decision %v equals the re-plan %v: the scenario cannot tell one from the other", cycleWeights, got)
+	}
+	if o := rep.Outcomes[lf.key()]; o.Action == cycle.ActionWrite || lf.wrote(rep) != 0 {
+		t.Fatalf("the cycle reports %s (%d writes) though the re-plan superseded its decision: %s", o.Action, lf.wrote(rep), o.Reason)
 	}
 }
