@@ -26,10 +26,13 @@ type lastPlans struct {
 }
 
 type lastPlan struct {
-	uid    types.UID // the AdaptiveLoadBalancer's: a new one of the same name starts afresh
-	at     time.Time
-	window time.Duration
-	target cycle.Target
+	uid types.UID // the AdaptiveLoadBalancer's: a new one of the same name starts afresh
+	// generation is the spec's the cycle planned for: after a spec change (another target
+	// Service, other queries or bounds) the observations may not be the ones it asks for.
+	generation int64
+	at         time.Time
+	window     time.Duration
+	target     cycle.Target
 	// replanned is when the mirror last wrote re-planned weights (zero: never), replanSeq its
 	// number.
 	replanned time.Time
@@ -84,13 +87,14 @@ func (m *Membership) LastReplan(key types.NamespacedName) time.Time {
 	return m.plans.byKey[key].replanned
 }
 
-// RecordPlan keeps a cycle's input to the engine for key (endpoint IDs are IPs). Only inputs the
+// RecordPlan keeps a cycle's input to the engine for alb (endpoint IDs are IPs). Only inputs the
 // engine planned from count: a target whose metrics failed keeps no plan, so no re-plan happens
 // during a hold or a fallback.
-func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window time.Duration, t cycle.Target) {
+func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Duration, t cycle.Target) {
 	if m == nil {
 		return
 	}
+	key, uid := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}, alb.UID
 	m.mu.Lock()
 	at := m.clock.Now() // the mirror reads the plan's age on the same clock
 	m.mu.Unlock()
@@ -114,7 +118,7 @@ func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window 
 	if prev, ok := m.plans.byKey[key]; ok && prev.uid == uid {
 		replanned, replanSeq = prev.replanned, prev.replanSeq
 	}
-	m.plans.byKey[key] = lastPlan{uid: uid, at: at, window: window, target: t, replanned: replanned, replanSeq: replanSeq}
+	m.plans.byKey[key] = lastPlan{uid: uid, generation: alb.Generation, at: at, window: window, target: t, replanned: replanned, replanSeq: replanSeq}
 }
 
 // listedThroughout reports whether every pod of stay (by IP) has been in the ServiceEntry since
@@ -156,7 +160,7 @@ func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 // do not apply (weights.Input.Replan); the dead band does.
 //
 // It returns the weights by pod name and when they were planned, or nil to keep the weights the mirror would write anyway:
-// in DryRun and Frozen; for the published operator's algorithm, which reacts in its cycle only;
+// in DryRun and Frozen; when the spec changed since the last cycle; for the published operator's algorithm, which reacts in its cycle only;
 // when no endpoint left, or one joined (a rolling restart's replacement, a scale-up: the lost
 // capacity is being replaced, and the newcomer has no observation to plan with), or a survivor's
 // address was not listed, for the same pod, all along since the last cycle; when the last
@@ -178,7 +182,7 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	m.plans.mu.Lock()
 	plan, ok := m.plans.byKey[key]
 	m.plans.mu.Unlock()
-	if !ok || plan.uid != alb.UID || plan.at.IsZero() || now.Sub(plan.at) > plan.window {
+	if !ok || plan.uid != alb.UID || plan.generation != alb.Generation || plan.at.IsZero() || now.Sub(plan.at) > plan.window {
 		return nil, time.Time{}
 	}
 	before := map[string]bool{}

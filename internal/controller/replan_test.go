@@ -151,14 +151,14 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 		listed = append(listed, MemberEndpoint{IP: e.ID, Pod: fmt.Sprintf("web-%d", i+1), Weight: 150})
 	}
 	m.Observe(key, listed) // the mirror's record: every survivor listed since before the cycle
-	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
 	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
 	}
 
 	// Uneven costs make the capacity engine move the survivors; cpu-distance still never re-plans.
 	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5
-	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
 	if got, _ := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
 		t.Fatalf("capacity re-plan %v: want web-2 (cheaper per request) above web-3", got)
 	}
@@ -166,6 +166,13 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("cpu-distance re-planned to %v; it must react in its cycle only", got)
 	}
+	// A spec changed since the cycle (here: another target Service, whose pods may share
+	// addresses with the old one's) waits for a cycle that planned for it.
+	alb.Spec.Algorithm, alb.Spec.TargetRef.Name, alb.Generation = adlbv1.AlgorithmCapacity, "web-canary", alb.Generation+1
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("re-planned %v from a cycle that planned for generation %d; the spec is now at %d", got, alb.Generation-1, alb.Generation)
+	}
+	alb.Generation--
 	// A recreated AdaptiveLoadBalancer of the same name does not inherit the plan.
 	alb.Spec.Algorithm, alb.UID = adlbv1.AlgorithmCapacity, "uid-2"
 	if got, _ := m.replanWeights(alb, se, built); got != nil {
@@ -216,7 +223,7 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 
 	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
 	clk.Step(10 * time.Second)
-	m.RecordPlan(key, alb.UID, time.Minute, plan)
+	m.RecordPlan(alb, time.Minute, plan)
 	if got, _ := m.replanWeights(alb, se("web-1", "web-2", "web-3", "web-4"), built("web-1", "web-2", "web-3", "")); got == nil {
 		t.Fatal("no re-plan when web-4 leaves: the scenario cannot tell a refused re-plan from none")
 	}
@@ -234,7 +241,7 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 	m = NewMembership(clk)
 	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
 	clk.Step(10 * time.Second)
-	m.RecordPlan(key, alb.UID, time.Minute, plan)
+	m.RecordPlan(alb, time.Minute, plan)
 	clk.Step(5 * time.Second)
 	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
 	if got, _ := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {

@@ -376,7 +376,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		o := &outcomes[i]
 		if o.Err == nil {
 			// The mirror re-plans from these when endpoints leave before the next cycle.
-			w.Membership.RecordPlan(d.key, d.alb.UID, 2*d.interval, d.observed)
+			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed)
 		}
 		w.states[d.key] = next[d.key.String()]
 		if o.Action != cycle.ActionDeferred {
