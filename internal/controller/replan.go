@@ -37,13 +37,16 @@ type lastPlan struct {
 	// number.
 	replanned time.Time
 	replanSeq uint64
+	// replannedWeights are the weights the last re-plan wrote, by IP, until the next cycle
+	// records its plan: the mirror's status names them as re-planned.
+	replannedWeights map[string]uint32
 }
 
 // Replanned records that re-planned weights for key, planned at at, are being written: the next
 // cycle's window then straddles a weight change, as after a cycle's own write, and a cycle that
 // planned before it must not write over them (ReplannedSince). The mirror records it before its
 // write: a write that then fails costs at most a cycle that keeps its weights.
-func (m *Membership) Replanned(key types.NamespacedName, at time.Time) {
+func (m *Membership) Replanned(key types.NamespacedName, at time.Time, byIP map[string]uint32) {
 	if m == nil {
 		return
 	}
@@ -51,9 +54,21 @@ func (m *Membership) Replanned(key types.NamespacedName, at time.Time) {
 	defer m.plans.mu.Unlock()
 	if p, ok := m.plans.byKey[key]; ok {
 		m.plans.seq++
-		p.replanned, p.replanSeq = at, m.plans.seq
+		p.replanned, p.replanSeq, p.replannedWeights = at, m.plans.seq, byIP
 		m.plans.byKey[key] = p
 	}
+}
+
+// ReplannedWeight reports whether weight is what the last re-plan of key wrote for ip, with no
+// weight cycle recorded since.
+func (m *Membership) ReplannedWeight(key types.NamespacedName, ip string, weight uint32) bool {
+	if m == nil {
+		return false
+	}
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	w, ok := m.plans.byKey[key].replannedWeights[ip]
+	return ok && w == weight
 }
 
 // ReplanSeq is the number of the last re-plan of any key, for ReplannedSince.

@@ -318,3 +318,34 @@ func TestMirror_ReplanIsNotUndoneByTheWriteOfACycleThatPlannedBeforeThePodLeft(t
 		t.Fatalf("the cycle reports %s (%d writes) though the re-plan superseded its decision: %s", o.Action, lf.wrote(rep), o.Reason)
 	}
 }
+
+// The weights the mirror re-planned are named as such in the status until the next cycle
+// records its plan; an endpoint whose weight did not change keeps the cycle's reason.
+func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	m := NewMembership(clk)
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
+	m.Replanned(key, clk.Now(), map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28})
+	replanned := func(ip string, w uint32) bool { return m.ReplannedWeight(key, ip, w) }
+
+	earlier := metav1.NewTime(clk.Now().Add(-time.Minute))
+	now := metav1.NewTime(clk.Now())
+	previous := []adlbv1.EndpointStatus{
+		{Pod: "web-1", IP: "10.0.0.1", Weight: 100, Reason: weights.ReasonTail, LastChange: &earlier},
+		{Pod: "web-2", IP: "10.0.0.2", Weight: 100, Reason: weights.ReasonTail, LastChange: &earlier},
+		{Pod: "web-3", IP: "10.0.0.3", Weight: 13, Reason: weights.ReasonTail, LastChange: &earlier},
+	}
+	mirrored := []istio.Endpoint{{Pod: "web-2", IP: "10.0.0.2", Weight: 100}, {Pod: "web-3", IP: "10.0.0.3", Weight: 28}}
+	got, _ := endpointStatus(previous, mirrored, now, false, replanned)
+	if got[0].Reason != weights.ReasonTail || got[1].Reason != ReasonReplanned || !got[1].LastChange.Equal(&now) {
+		t.Fatalf("status %+v: want web-2's unchanged weight with the cycle's reason, web-3's re-planned one named as such", got)
+	}
+
+	// The next cycle records its plan: its own status write owns the reasons from then on.
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
+	if got, _ := endpointStatus(previous, mirrored, now, false, replanned); got[1].Reason != "" {
+		t.Fatalf("web-3 still named as re-planned after the next cycle: %+v", got[1])
+	}
+}
