@@ -317,7 +317,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
-	replanned := r.Membership.replanWeights(alb, existing, endpoints)
+	replanned, plannedAt := r.Membership.replanWeights(alb, existing, endpoints)
 	if replanned != nil {
 		// Endpoints left: the survivors' re-planned weights go out in this same write.
 		if in.Weights == nil {
@@ -333,11 +333,17 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		r.upToDate(existing, spec) && !r.upToDate(cached, spec) {
 		return mirrorOutcome{}, errStaleView
 	}
+	if replanned != nil {
+		// Before the write: a weight cycle that planned for the old membership and writes after
+		// this point must see it and keep these weights.
+		byIP := make(map[string]uint32, len(endpoints))
+		for _, e := range endpoints {
+			byIP[e.IP] = e.Weight
+		}
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb), plannedAt, byIP)
+	}
 	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
 		return mirrorOutcome{}, err
-	}
-	if replanned != nil {
-		r.Membership.Replanned(client.ObjectKeyFromObject(alb))
 	}
 	return mirrorOutcome{
 		status: metav1.ConditionTrue,
@@ -720,7 +726,8 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 			}
 			status.ServiceEntry = o.serviceEntry
 			status.EndpointCount = int32(len(o.endpoints))
-			status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun)
+			replanned := func(ip string, weight uint32) bool { return r.Membership.ReplannedWeight(key, ip, weight) }
+			status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun, replanned)
 		}
 		meta.SetStatusCondition(&status.Conditions, readyCondition(status.Conditions, gen))
 		if apiequality.Semantic.DeepEqual(&alb.Status, status) {
@@ -779,8 +786,14 @@ func endpointsOnly(old, updated *adlbv1.AdaptiveLoadBalancerStatus) bool {
 	return apiequality.Semantic.DeepEqual(a, b)
 }
 
-// endpointStatus lists the mirrored endpoints, keeping each one's LastChange while its weight holds.
-func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now metav1.Time, dryRun bool) ([]adlbv1.EndpointStatus, bool) {
+// ReasonReplanned is an endpoint's reason in status while its weight is the one the mirror
+// re-planned when endpoints left (the weight cycle's reasons replace it at its next write).
+const ReasonReplanned = "re-planned for the endpoints that stay when others left"
+
+// endpointStatus lists the mirrored endpoints, keeping each one's LastChange while its weight
+// holds. A changed weight that replanned (nil: none) reports as the mirror's re-plan gets
+// ReasonReplanned.
+func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now metav1.Time, dryRun bool, replanned func(ip string, weight uint32) bool) ([]adlbv1.EndpointStatus, bool) {
 	prev := make(map[string]adlbv1.EndpointStatus, len(previous))
 	for _, p := range previous {
 		prev[p.IP] = p
@@ -790,6 +803,9 @@ func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now 
 	for _, e := range eps[:n] {
 		w := int32(min(e.Weight, math.MaxInt32))
 		st := adlbv1.EndpointStatus{Pod: e.Pod, IP: e.IP, Zone: e.Zone, Weight: w, LastChange: &now}
+		if !dryRun && replanned != nil && replanned(e.IP, e.Weight) {
+			st.Reason = ReasonReplanned
+		}
 		if p, ok := prev[e.IP]; ok && p.Pod == e.Pod {
 			// The weight cycle's view of the same pod (its signals, its reason and, in DryRun,
 			// the weight it computed but never wrote) stays until the next cycle replaces it.

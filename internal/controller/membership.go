@@ -96,6 +96,14 @@ func (m *Membership) Observe(key types.NamespacedName, eps []MemberEndpoint) {
 	for _, e := range eps {
 		ip := e.IP
 		current[ip] = true
+		if prev, listed := log.weight[ip]; listed && prev.left.IsZero() && prev.pod != e.Pod {
+			// Another pod took the address between two writes: the one listed before left, and
+			// this one joins now (it served none of the time before).
+			if since, in := log.in[ip]; in {
+				log.out[ip] = append(log.out[ip], span{from: since, to: now})
+				delete(log.in, ip)
+			}
+		}
 		log.weight[ip] = podWeight{pod: e.Pod, weight: e.Weight}
 		if _, in := log.in[ip]; !in {
 			since := now

@@ -20,32 +20,75 @@ import (
 type lastPlans struct {
 	mu    sync.Mutex
 	byKey map[types.NamespacedName]lastPlan
+	// seq numbers the re-plans, so that a weight cycle can tell whether one was written since it
+	// read the ServiceEntry it planned for (ReplanSeq, ReplannedSince).
+	seq uint64
 }
 
 type lastPlan struct {
-	uid    types.UID // the AdaptiveLoadBalancer's: a new one of the same name starts afresh
-	at     time.Time
-	window time.Duration
-	target cycle.Target
-	// replanned is when the mirror last wrote re-planned weights (zero: never).
+	uid types.UID // the AdaptiveLoadBalancer's: a new one of the same name starts afresh
+	// generation is the spec's the cycle planned for: after a spec change (another target
+	// Service, other queries or bounds) the observations may not be the ones it asks for.
+	generation int64
+	at         time.Time
+	window     time.Duration
+	target     cycle.Target
+	// replanned is when the mirror last wrote re-planned weights (zero: never), replanSeq its
+	// number.
 	replanned time.Time
+	replanSeq uint64
+	// replannedWeights are the weights the last re-plan wrote, by IP, until the next cycle
+	// records its plan: the mirror's status names them as re-planned.
+	replannedWeights map[string]uint32
 }
 
-// Replanned records that re-planned weights for key were written now: the next cycle's window
-// then straddles a weight change, as after a cycle's own write.
-func (m *Membership) Replanned(key types.NamespacedName) {
+// Replanned records that re-planned weights for key, planned at at, are being written: the next
+// cycle's window then straddles a weight change, as after a cycle's own write, and a cycle that
+// planned before it must not write over them (ReplannedSince). The mirror records it before its
+// write: a write that then fails costs at most a cycle that keeps its weights.
+func (m *Membership) Replanned(key types.NamespacedName, at time.Time, byIP map[string]uint32) {
 	if m == nil {
 		return
 	}
-	m.mu.Lock()
-	now := m.clock.Now()
-	m.mu.Unlock()
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()
 	if p, ok := m.plans.byKey[key]; ok {
-		p.replanned = now
+		m.plans.seq++
+		p.replanned, p.replanSeq, p.replannedWeights = at, m.plans.seq, byIP
 		m.plans.byKey[key] = p
 	}
+}
+
+// ReplannedWeight reports whether weight is what the last re-plan of key wrote for ip, with no
+// weight cycle recorded since.
+func (m *Membership) ReplannedWeight(key types.NamespacedName, ip string, weight uint32) bool {
+	if m == nil {
+		return false
+	}
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	w, ok := m.plans.byKey[key].replannedWeights[ip]
+	return ok && w == weight
+}
+
+// ReplanSeq is the number of the last re-plan of any key, for ReplannedSince.
+func (m *Membership) ReplanSeq() uint64 {
+	if m == nil {
+		return 0
+	}
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	return m.plans.seq
+}
+
+// ReplannedSince reports whether re-planned weights for key were recorded after ReplanSeq gave seq.
+func (m *Membership) ReplannedSince(key types.NamespacedName, seq uint64) bool {
+	if m == nil {
+		return false
+	}
+	m.plans.mu.Lock()
+	defer m.plans.mu.Unlock()
+	return m.plans.byKey[key].replanSeq > seq
 }
 
 // LastReplan is when re-planned weights for key were last written; zero if never. The weight cycle counts it as a weight write for the window coverage. It is kept
@@ -59,13 +102,14 @@ func (m *Membership) LastReplan(key types.NamespacedName) time.Time {
 	return m.plans.byKey[key].replanned
 }
 
-// RecordPlan keeps a cycle's input to the engine for key (endpoint IDs are IPs). Only inputs the
+// RecordPlan keeps a cycle's input to the engine for alb (endpoint IDs are IPs). Only inputs the
 // engine planned from count: a target whose metrics failed keeps no plan, so no re-plan happens
 // during a hold or a fallback.
-func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window time.Duration, t cycle.Target) {
+func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Duration, t cycle.Target) {
 	if m == nil {
 		return
 	}
+	key, uid := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}, alb.UID
 	m.mu.Lock()
 	at := m.clock.Now() // the mirror reads the plan's age on the same clock
 	m.mu.Unlock()
@@ -85,10 +129,30 @@ func (m *Membership) RecordPlan(key types.NamespacedName, uid types.UID, window 
 	// The time of the last re-plan outlives the plan it came from: the windows of the next
 	// cycles straddle it until one window has passed.
 	var replanned time.Time
+	var replanSeq uint64
 	if prev, ok := m.plans.byKey[key]; ok && prev.uid == uid {
-		replanned = prev.replanned
+		replanned, replanSeq = prev.replanned, prev.replanSeq
 	}
-	m.plans.byKey[key] = lastPlan{uid: uid, at: at, window: window, target: t, replanned: replanned}
+	m.plans.byKey[key] = lastPlan{uid: uid, generation: alb.Generation, at: at, window: window, target: t, replanned: replanned, replanSeq: replanSeq}
+}
+
+// listedThroughout reports whether every pod of stay (by IP) has been in the ServiceEntry since
+// before at, at the same address. The plan's observations are keyed by IP: an address that left
+// and came back, or that another pod took over, carries observations of a pod that is not there.
+func (m *Membership) listedThroughout(key types.NamespacedName, stay map[string]string, at time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	log, ok := m.byKey[key]
+	if !ok {
+		return false
+	}
+	for ip, pod := range stay {
+		since, in := log.in[ip]
+		if !in || since.After(at) || log.weight[ip].pod != pod {
+			return false
+		}
+	}
+	return true
 }
 
 func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
@@ -110,20 +174,21 @@ func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 // departed endpoints' traffic: the whole load is planned over fewer pods. The window-settle rules
 // do not apply (weights.Input.Replan); the dead band does.
 //
-// It returns the weights by pod name, or nil to keep the weights the mirror would write anyway:
-// in DryRun and Frozen; for the published operator's algorithm, which reacts in its cycle only;
+// It returns the weights by pod name and when they were planned, or nil to keep the weights the mirror would write anyway:
+// in DryRun and Frozen; when the spec changed since the last cycle; for the published operator's algorithm, which reacts in its cycle only;
 // when no endpoint left, or one joined (a rolling restart's replacement, a scale-up: the lost
-// capacity is being replaced, and the newcomer has no observation to plan with); when the last
+// capacity is being replaced, and the newcomer has no observation to plan with), or a survivor's
+// address was not listed, for the same pod, all along since the last cycle; when the last
 // cycle's metrics failed (the hold and fallback rules keep deciding) or its observations are
 // older than one metrics window; when the planner rejects the input; and when the re-plan changes
 // nothing beyond the dead band.
-func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, built []istio.Endpoint) map[string]uint32 {
+func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, built []istio.Endpoint) (map[string]uint32, time.Time) {
 	if m == nil || existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun || alb.Spec.Mode == adlbv1.ModeFrozen {
-		return nil
+		return nil, time.Time{}
 	}
 	settings, err := EngineSettings(alb)
 	if err != nil || (settings.Algorithm != weights.AlgorithmCapacity && settings.Algorithm != weights.AlgorithmTail) {
-		return nil
+		return nil, time.Time{}
 	}
 	key := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}
 	m.mu.Lock()
@@ -132,8 +197,8 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	m.plans.mu.Lock()
 	plan, ok := m.plans.byKey[key]
 	m.plans.mu.Unlock()
-	if !ok || plan.uid != alb.UID || plan.at.IsZero() || now.Sub(plan.at) > plan.window {
-		return nil
+	if !ok || plan.uid != alb.UID || plan.generation != alb.Generation || plan.at.IsZero() || now.Sub(plan.at) > plan.window {
+		return nil, time.Time{}
 	}
 	before := map[string]bool{}
 	for _, e := range existing.Spec.Endpoints {
@@ -142,30 +207,30 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	stay := map[string]string{} // pod by IP
 	for _, e := range built {
 		if !before[e.IP] {
-			return nil
+			return nil, time.Time{}
 		}
 		stay[e.IP] = e.Pod
 	}
-	if len(stay) == len(before) {
-		return nil
+	if len(stay) == len(before) || !m.listedThroughout(key, stay, plan.at) {
+		return nil, time.Time{}
 	}
 	t := plan.target
 	t.Replan, t.DryRun, t.WindowCoverage = true, false, 1
 	t.Settings = settings
 	t.Endpoints = slices.DeleteFunc(slices.Clone(t.Endpoints), func(e weights.Endpoint) bool { return stay[e.ID] == "" })
 	if len(t.Endpoints) != len(stay) {
-		return nil // a survivor the last cycle did not observe
+		return nil, time.Time{} // a survivor the last cycle did not observe
 	}
 	outcomes, _ := cycle.Plan(now, []cycle.Target{t}, map[string]cycle.State{t.Key: {LastGoodMetrics: plan.at}}, 0)
 	// Only a change is written: an unchanged decision carries the basis, the weights of the last
 	// cycle's window, and writing those would undo that cycle's own write.
 	o := outcomes[0]
 	if o.Err != nil || o.Action != cycle.ActionWrite {
-		return nil
+		return nil, time.Time{}
 	}
 	out := make(map[string]uint32, len(o.Decision.Endpoints))
 	for _, r := range o.Decision.Endpoints {
 		out[stay[r.ID]] = uint32(r.Weight)
 	}
-	return out
+	return out, now
 }

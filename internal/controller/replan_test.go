@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"context"
+
 	"fmt"
 	"math"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
@@ -143,24 +146,206 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 			built = append(built, istio.Endpoint{Pod: fmt.Sprintf("web-%d", i), IP: ip, Weight: 150})
 		}
 	}
-	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
-	if got := m.replanWeights(alb, se, built); got != nil {
+	var listed []MemberEndpoint
+	for i, e := range eps {
+		listed = append(listed, MemberEndpoint{IP: e.ID, Pod: fmt.Sprintf("web-%d", i+1), Weight: 150})
+	}
+	m.Observe(key, listed) // the mirror's record: every survivor listed since before the cycle
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
 	}
 
 	// Uneven costs make the capacity engine move the survivors; cpu-distance still never re-plans.
 	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5
-	m.RecordPlan(key, alb.UID, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
-	if got := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	if got, _ := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
 		t.Fatalf("capacity re-plan %v: want web-2 (cheaper per request) above web-3", got)
 	}
 	alb.Spec.Algorithm = adlbv1.AlgorithmCPUDistance
-	if got := m.replanWeights(alb, se, built); got != nil {
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("cpu-distance re-planned to %v; it must react in its cycle only", got)
 	}
+	// A spec changed since the cycle (here: another target Service, whose pods may share
+	// addresses with the old one's) waits for a cycle that planned for it.
+	alb.Spec.Algorithm, alb.Spec.TargetRef.Name, alb.Generation = adlbv1.AlgorithmCapacity, "web-canary", alb.Generation+1
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
+		t.Fatalf("re-planned %v from a cycle that planned for generation %d; the spec is now at %d", got, alb.Generation-1, alb.Generation)
+	}
+	alb.Generation--
 	// A recreated AdaptiveLoadBalancer of the same name does not inherit the plan.
 	alb.Spec.Algorithm, alb.UID = adlbv1.AlgorithmCapacity, "uid-2"
-	if got := m.replanWeights(alb, se, built); got != nil {
+	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("a new AdaptiveLoadBalancer re-planned from its predecessor's cycle: %v", got)
+	}
+}
+
+// A survivor whose address was taken by another pod since the last cycle (the pod that was
+// observed left, a new one got its IP) has no observation of its own: the re-plan must not hand
+// it the departed pod's measurements and weight. Same when the pod at an address changed
+// between two mirror writes without the address ever leaving the ServiceEntry.
+func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	m := NewMembership(clk)
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
+	alb.Spec.Algorithm = adlbv1.AlgorithmCapacity
+	ip := func(i int) string { return fmt.Sprintf("10.0.0.%d", i) }
+	listed := func(pods ...string) []MemberEndpoint {
+		var out []MemberEndpoint
+		for i, p := range pods {
+			if p != "" {
+				out = append(out, MemberEndpoint{IP: ip(i + 1), Pod: p, Weight: 100})
+			}
+		}
+		return out
+	}
+	var eps []weights.Endpoint
+	for i := 1; i <= 4; i++ {
+		eps = append(eps, weights.Endpoint{ID: ip(i), CPUCores: 0.5, RequestRate: 100, CPULimitCores: 2, HasMetrics: true, CurrentWeight: 100})
+	}
+	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5 // uneven: the re-plan moves the weights
+	plan := cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400}
+	se := func(pods ...string) *networkingv1.ServiceEntry {
+		s := &networkingv1.ServiceEntry{}
+		for _, e := range listed(pods...) {
+			s.Spec.Endpoints = append(s.Spec.Endpoints, &apinetworkingv1.WorkloadEntry{Address: e.IP, Weight: e.Weight})
+		}
+		return s
+	}
+	built := func(pods ...string) []istio.Endpoint {
+		var out []istio.Endpoint
+		for _, e := range listed(pods...) {
+			out = append(out, istio.Endpoint{Pod: e.Pod, IP: e.IP, Weight: e.Weight})
+		}
+		return out
+	}
+
+	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
+	clk.Step(10 * time.Second)
+	m.RecordPlan(alb, time.Minute, plan)
+	if got, _ := m.replanWeights(alb, se("web-1", "web-2", "web-3", "web-4"), built("web-1", "web-2", "web-3", "")); got == nil {
+		t.Fatal("no re-plan when web-4 leaves: the scenario cannot tell a refused re-plan from none")
+	}
+
+	// web-1 leaves; web-9 comes up on its address; then web-4 leaves.
+	clk.Step(5 * time.Second)
+	m.Observe(key, listed("", "web-2", "web-3", "web-4"))
+	clk.Step(5 * time.Second)
+	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
+	if got, _ := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
+		t.Fatalf("re-planned %v: web-9 was given web-1's observations at the reused address", got)
+	}
+
+	// The pod at 10.0.0.1 changes between two mirror writes without the address leaving.
+	m = NewMembership(clk)
+	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
+	clk.Step(10 * time.Second)
+	m.RecordPlan(alb, time.Minute, plan)
+	clk.Step(5 * time.Second)
+	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
+	if got, _ := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
+		t.Fatalf("re-planned %v: web-9 took over web-1's address between two writes and was given its observations", got)
+	}
+}
+
+// getHook runs before on the first Get of a ServiceEntry named name once armed says so, then
+// reads through.
+type getHook struct {
+	client.Client
+	name   string
+	armed  func() bool
+	before func()
+	done   bool
+}
+
+func (h *getHook) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*networkingv1.ServiceEntry); ok && key.Name == h.name && !h.done && h.armed() {
+		h.done = true
+		h.before()
+	}
+	return h.Client.Get(ctx, key, obj, opts...)
+}
+
+// A pod that leaves while a weight cycle is between its plan and its write: the mirror re-plans
+// the survivors from the cycle's fresh inputs, and the cycle's decision, which still counts the
+// departed pod's capacity, must not overwrite them a moment later.
+func TestMirror_ReplanIsNotUndoneByTheWriteOfACycleThatPlannedBeforeThePodLeft(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	var got map[string]int
+	// The cycle reads the ServiceEntry to plan, and again to write, after it recorded its plan.
+	planned := func() bool {
+		sharedMembership.plans.mu.Lock()
+		defer sharedMembership.plans.mu.Unlock()
+		_, ok := sharedMembership.plans.byKey[lf.key()]
+		return ok
+	}
+	lf.loop.Client = &getHook{Client: lf.loop.Client, name: "web", armed: planned, before: func() { _, got, _ = lf.dropPod(1) }}
+	rep := lf.run()
+	if got == nil {
+		t.Fatal("the cycle never read the ServiceEntry to write its weights: the scenario does not test the race")
+	}
+	in := rep.Inputs[lf.key()]
+	want := in
+	want.Replan, want.WindowCoverage = true, 1
+	want.Endpoints = nil
+	for _, e := range in.Endpoints {
+		if e.ID != lf.ips[0] {
+			want.Endpoints = append(want.Endpoints, e)
+		}
+	}
+	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
+	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
+		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
+	}
+	cycleWeights := rep.Outcomes[lf.key()].Decision.Weights()
+	final := lf.weights()
+	differs := false
+	for _, r := range outs[0].Decision.Endpoints {
+		if got[r.ID] != r.Weight {
+			t.Fatalf("the mirror wrote %v, the re-plan computes %d for %s", got, r.Weight, r.ID)
+		}
+		if final[r.ID] != r.Weight {
+			t.Fatalf("survivor %s has weight %d after the cycle, the mirror's re-plan %d: the cycle's decision for the old membership %v undid the re-plan %v (now %v)", r.ID, final[r.ID], r.Weight, cycleWeights, got, final)
+		}
+		differs = differs || cycleWeights[r.ID] != r.Weight
+	}
+	if !differs {
+		t.Fatalf("the cycle's decision %v equals the re-plan %v: the scenario cannot tell one from the other", cycleWeights, got)
+	}
+	if o := rep.Outcomes[lf.key()]; o.Action == cycle.ActionWrite || lf.wrote(rep) != 0 {
+		t.Fatalf("the cycle reports %s (%d writes) though the re-plan superseded its decision: %s", o.Action, lf.wrote(rep), o.Reason)
+	}
+}
+
+// The weights the mirror re-planned are named as such in the status until the next cycle
+// records its plan; an endpoint whose weight did not change keeps the cycle's reason.
+func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	m := NewMembership(clk)
+	key := types.NamespacedName{Namespace: "ns", Name: "web"}
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
+	m.Replanned(key, clk.Now(), map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28})
+	replanned := func(ip string, w uint32) bool { return m.ReplannedWeight(key, ip, w) }
+
+	earlier := metav1.NewTime(clk.Now().Add(-time.Minute))
+	now := metav1.NewTime(clk.Now())
+	previous := []adlbv1.EndpointStatus{
+		{Pod: "web-1", IP: "10.0.0.1", Weight: 100, Reason: weights.ReasonTail, LastChange: &earlier},
+		{Pod: "web-2", IP: "10.0.0.2", Weight: 100, Reason: weights.ReasonTail, LastChange: &earlier},
+		{Pod: "web-3", IP: "10.0.0.3", Weight: 13, Reason: weights.ReasonTail, LastChange: &earlier},
+	}
+	mirrored := []istio.Endpoint{{Pod: "web-2", IP: "10.0.0.2", Weight: 100}, {Pod: "web-3", IP: "10.0.0.3", Weight: 28}}
+	got, _ := endpointStatus(previous, mirrored, now, false, replanned)
+	if got[0].Reason != weights.ReasonTail || got[1].Reason != ReasonReplanned || !got[1].LastChange.Equal(&now) {
+		t.Fatalf("status %+v: want web-2's unchanged weight with the cycle's reason, web-3's re-planned one named as such", got)
+	}
+
+	// The next cycle records its plan: its own status write owns the reasons from then on.
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
+	if got, _ := endpointStatus(previous, mirrored, now, false, replanned); got[1].Reason != "" {
+		t.Fatalf("web-3 still named as re-planned after the next cycle: %+v", got[1])
 	}
 }

@@ -29,7 +29,7 @@ func TestEndpointStatus_RefreshKeepsTheWeightCyclesView(t *testing.T) {
 	}
 
 	t.Run("DryRun keeps the computed weights, reasons and signals", func(t *testing.T) {
-		got, _ := endpointStatus(previous, mirrored, now, true)
+		got, _ := endpointStatus(previous, mirrored, now, true, nil)
 		if got[0].Weight != 250 || got[1].Weight != 40 || got[0].Reason == "" || got[1].CPUCores != "0.300" || !got[0].LastChange.Equal(&earlier) {
 			t.Errorf("the refresh replaced the weight cycle's view: %+v", got[:2])
 		}
@@ -39,7 +39,7 @@ func TestEndpointStatus_RefreshKeepsTheWeightCyclesView(t *testing.T) {
 	})
 	t.Run("Active shows the written weight; a changed weight drops the stale reason", func(t *testing.T) {
 		active := []istio.Endpoint{{Pod: "a", IP: "10.0.0.1", Weight: 250}, {Pod: "b", IP: "10.0.0.2", Weight: 55}}
-		got, _ := endpointStatus(previous, active, now, false)
+		got, _ := endpointStatus(previous, active, now, false, nil)
 		if got[0].Weight != 250 || got[0].RequestRate != "70.0" || !got[0].LastChange.Equal(&earlier) {
 			t.Errorf("an unchanged endpoint lost its signals: %+v", got[0])
 		}
@@ -48,7 +48,7 @@ func TestEndpointStatus_RefreshKeepsTheWeightCyclesView(t *testing.T) {
 		}
 	})
 	t.Run("a reused IP of another pod starts fresh", func(t *testing.T) {
-		got, _ := endpointStatus(previous, []istio.Endpoint{{Pod: "z", IP: "10.0.0.1", Weight: 100}}, now, true)
+		got, _ := endpointStatus(previous, []istio.Endpoint{{Pod: "z", IP: "10.0.0.1", Weight: 100}}, now, true, nil)
 		if got[0].Weight != 100 || got[0].Reason != "" || got[0].CPUCores != "" {
 			t.Errorf("pod z inherited pod a's status: %+v", got[0])
 		}

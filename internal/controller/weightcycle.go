@@ -367,6 +367,8 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	logger := log.FromContext(ctx)
 	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}}
 
+	// Re-plans the mirror writes from here on answer a membership this cycle may not plan for.
+	replanSeq := w.Membership.ReplanSeq()
 	due, idle, err := w.dueTargets(ctx, start)
 	if err != nil {
 		return report, err
@@ -414,7 +416,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		o := &outcomes[i]
 		if o.Err == nil {
 			// The mirror re-plans from these when endpoints leave before the next cycle.
-			w.Membership.RecordPlan(d.key, d.alb.UID, 2*d.interval, d.observed)
+			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed)
 		}
 		w.states[d.key] = next[d.key.String()]
 		if o.Action != cycle.ActionDeferred {
@@ -423,7 +425,12 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 			deferred++
 		}
 		if o.Action == cycle.ActionWrite {
-			if err := w.writeWeights(ctx, d, o.Decision); err != nil {
+			// A fallback to equal weights is written whatever the mirror re-planned.
+			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback, replanSeq)
+			if errors.Is(err, errSupersededByReplan) {
+				o.Action = cycle.ActionNone
+				o.Reason = "endpoints left while this cycle planned: the weights the mirror re-planned for the endpoints that stay are kept until the next cycle"
+			} else if err != nil {
 				// Nothing was applied: the status must say so and keep the weights and the
 				// lastWeightWrite the ServiceEntry really has.
 				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
@@ -1022,7 +1029,15 @@ func shorten(s string, n int) string {
 
 // writeWeights patches only the weights of the ServiceEntry's current endpoints; an endpoint the
 // mirror added or removed meanwhile is left to the mirror.
-func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision) error {
+// errSupersededByReplan: the mirror re-planned the weights for a newer membership since the
+// cycle read the ServiceEntry; the cycle's decision counts endpoints that left.
+var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weights since this cycle planned")
+
+// writeWeights writes decision's weights. With yieldToReplan, it writes nothing and returns
+// errSupersededByReplan when the mirror has re-planned key's weights since ReplanSeq gave
+// replanSeq: checked after reading the version to patch, so that a re-plan written after the
+// check makes the patch conflict instead of being overwritten.
+func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool, replanSeq uint64) error {
 	next := decision.Weights()
 	key := client.ObjectKeyFromObject(d.se)
 	cached := &networkingv1.ServiceEntry{}
@@ -1033,6 +1048,9 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		w.Versions = &ServiceEntryVersions{}
 	}
 	se := w.Versions.newest(key, cached)
+	if yieldToReplan && w.Membership.ReplannedSince(d.key, replanSeq) {
+		return errSupersededByReplan
+	}
 	base := se.DeepCopy()
 	changed := false
 	for _, e := range se.Spec.Endpoints {
