@@ -217,7 +217,10 @@ pods:
   - {name: fast, replicas: 3, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 2ms, dist: exponential}, events: [{at: 95s, replicas: 2}]}
   - {name: slow, replicas: 4, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 8ms, dist: exponential}}
 `)
-	for _, policy := range []string{PolicyTail, PolicyCapacity, PolicyCPUDistance} {
+	// capacity re-plans through the same path, but in this fleet its square-root split barely
+	// moves when a fast pod leaves (its re-plan stays within the dead band at every load tried),
+	// so it could not fail here; the operator's TestReplanWeights_ tests cover it.
+	for _, policy := range []string{PolicyTail, PolicyCPUDistance} {
 		t.Run(policy, func(t *testing.T) {
 			sc, err := ParseScenario(src, "leave.yaml")
 			if err != nil {
@@ -242,16 +245,6 @@ pods:
 			if policy == PolicyCPUDistance {
 				if replanned != nil {
 					t.Fatalf("the cpu-distance baseline wrote weights at %.0f s, when the pod left; its source waits for the cycle", replanned.TimeS)
-				}
-				return
-			}
-			if policy == PolicyCapacity {
-				// capacity splits the load it observes by the square-root rule, near the capacity
-				// split at this load: its re-plan barely moves, but must not keep the departed pod.
-				if replanned != nil {
-					if _, ok := replanned.Weights["fast-2"]; ok {
-						t.Fatalf("the re-plan at %.0f s still weights the departed fast-2: %v", replanned.TimeS, replanned.Weights)
-					}
 				}
 				return
 			}
