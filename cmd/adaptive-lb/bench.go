@@ -312,12 +312,13 @@ func median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// seedsAbove lists the seeds whose ratio is above 1 with the ratio, or "none".
+// seedsAbove lists the seeds whose ratio is above 1 with the ratio, or "none". Three decimals,
+// so that a seed listed as worse never reads as a ratio of 1.00.
 func seedsAbove(ratios []float64, firstSeed int64) string {
 	var cells []string
 	for k, x := range ratios {
 		if x > 1 {
-			cells = append(cells, fmt.Sprintf("%d (%.2f)", firstSeed+int64(k), x))
+			cells = append(cells, fmt.Sprintf("%d (%.3f)", firstSeed+int64(k), x))
 		}
 	}
 	if len(cells) == 0 {

@@ -244,7 +244,7 @@ func TestBench_MedianAndSeedsAboveOne(t *testing.T) {
 	if got := median([]float64{1.3, 0.9, 1.1}); got != 1.1 {
 		t.Fatalf("median of three: %v, want 1.1", got)
 	}
-	if got := seedsAbove([]float64{0.9, 1.04, 1, 1.2}, 3); got != "4 (1.04), 6 (1.20)" {
+	if got := seedsAbove([]float64{0.9, 1.04, 1, 1.2}, 3); got != "4 (1.040), 6 (1.200)" {
 		t.Fatalf("seedsAbove: %q", got)
 	}
 	if got := seedsAbove([]float64{0.9, 1}, 3); got != "none" {
