@@ -32,7 +32,18 @@ type benchOptions struct {
 	doc       string
 	plots     string
 	writeDocs bool
+	// seeds is how many consecutive seeds, from each scenario file's own, the robustness table
+	// runs; 1 is the single-seed bench and prints no robustness table.
+	seeds int
 }
+
+// maxBenchSeeds bounds --seeds: every extra seed is a full run of three policies on every scenario.
+const maxBenchSeeds = 20
+
+// seedPolicies are the policies the robustness table compares over seeds, whatever --policies
+// says: the default engine against the per-request baseline and the capacity split it must not
+// fall behind.
+var seedPolicies = []string{sim.PolicyLeastRequest, sim.PolicyCapacity, sim.PolicyTail}
 
 // The repository's benchmark page and plot directory, rewritten only with --write-docs.
 const (
@@ -48,12 +59,21 @@ func newBenchCmd() *cobra.Command {
 		Long: `bench runs every scenario file of --suite under each policy and prints a p99 table and the
 capacity policy's targets. It writes files only when asked: --doc rewrites the generated section
 of a markdown file, --plots writes one PNG per scenario into a directory, and --write-docs does
-both for the repository's own docs/benchmarks.md and docs/img (run it from the repository root).`,
+both for the repository's own docs/benchmarks.md and docs/img (run it from the repository root).
+
+--seeds N (N > 1) also runs least_request, capacity and tail on every scenario under the N seeds
+s, s+1, …, s+N−1, where s is the seed in the scenario's file, whatever --policies says, and adds a
+robustness table: tail's p99 over least_request's and over capacity's (worst and median over the
+seeds) and the seeds at which tail is worse. The other tables stay those of seed s.`,
 		Example: `  adaptive-lb bench
   adaptive-lb bench --plots out/
-  adaptive-lb bench --write-docs`,
+  adaptive-lb bench --write-docs
+  adaptive-lb bench --seeds 5 --policies least_request,capacity,tail`,
 		Args: cobra.NoArgs,
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if o.seeds < 1 || o.seeds > maxBenchSeeds {
+				return newUsageError("--seeds %d: give a number of seeds from 1 (each scenario's own seed only) to %d", o.seeds, maxBenchSeeds)
+			}
 			if o.writeDocs {
 				if cmd.Flags().Changed("doc") || cmd.Flags().Changed("plots") {
 					return newUsageError("--write-docs writes %s and %s; pass either it or --doc/--plots", benchDocsPage, benchDocsPlots)
@@ -72,6 +92,7 @@ both for the repository's own docs/benchmarks.md and docs/img (run it from the r
 	f.StringSliceVar(&o.policies, "policies", benchPolicies, "policies to compare")
 	f.StringVar(&o.doc, "doc", "", "markdown file whose generated section is rewritten (default: none, the tables are only printed)")
 	f.StringVar(&o.plots, "plots", "", "directory for one PNG per scenario (default: none)")
+	f.IntVar(&o.seeds, "seeds", 1, fmt.Sprintf("number of consecutive seeds, from each scenario file's own, for a robustness table of tail against least_request and capacity (1 to %d; 1 adds no table)", maxBenchSeeds))
 	f.BoolVar(&o.writeDocs, "write-docs", false, "rewrite "+benchDocsPage+" and the PNGs in "+benchDocsPlots+" of the repository in the current directory")
 	return cmd
 }
@@ -86,6 +107,11 @@ type benchRow struct {
 	results map[string]*sim.Result
 	// searched is the best static split found (steady scenarios only).
 	searched *sim.StaticSearch
+	// seedP99 holds, with --seeds above 1, the p99 in ms of each of seedPolicies under each
+	// seed of the sweep, in seed order; only the p99 is kept so memory stays that of one seed.
+	seedP99 []map[string]float64
+	// firstSeed is the seed in the scenario's file, the sweep's first.
+	firstSeed int64
 }
 
 func (o *benchOptions) run(stdout, stderr io.Writer) error {
@@ -120,6 +146,12 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 				return fmt.Errorf("static split search on %s: %w", sc.Name, err)
 			}
 		}
+		if o.seeds > 1 {
+			if row.seedP99, err = o.sweepSeeds(sc, results, stderr); err != nil {
+				return err
+			}
+			row.firstSeed = sc.Seed
+		}
 		rows = append(rows, row)
 		if o.plots != "" {
 			if err := os.MkdirAll(o.plots, 0o755); err != nil {
@@ -140,9 +172,45 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 	return replaceGenerated(o.doc, table)
 }
 
+// sweepSeeds runs seedPolicies on sc under o.seeds consecutive seeds from sc.Seed and keeps each
+// run's p99. Under sc.Seed itself it reuses the main table's runs of the policies it has.
+func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stderr io.Writer) ([]map[string]float64, error) {
+	p99s := make([]map[string]float64, o.seeds)
+	for k := range o.seeds {
+		p99s[k] = map[string]float64{}
+		var missing []string
+		for _, p := range seedPolicies {
+			i := slices.Index(o.policies, p)
+			if k == 0 && i >= 0 {
+				p99s[k][p] = seedRuns[i].Latency.P99
+			} else {
+				missing = append(missing, p)
+			}
+		}
+		if len(missing) == 0 {
+			continue
+		}
+		seeded := *sc
+		seeded.Seed = sc.Seed + int64(k)
+		fmt.Fprintf(stderr, "bench: %s: seed %d\n", sc.Name, seeded.Seed)
+		results, err := runPolicies(&seeded, missing, false, stderr)
+		if err != nil {
+			return nil, fmt.Errorf("%s under seed %d: %w", sc.Name, seeded.Seed, err)
+		}
+		for _, r := range results {
+			p99s[k][r.Policy] = r.Latency.P99
+		}
+	}
+	return p99s, nil
+}
+
 func (o *benchOptions) markdown(rows []benchRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs` (suite `%s`, seed of each scenario file).\n\n", o.suite)
+	if o.seeds > 1 {
+		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs --seeds %d` (suite `%s`, seed of each scenario file; the robustness table at the end adds the next %d seeds).\n\n", o.seeds, o.suite, o.seeds-1)
+	} else {
+		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs` (suite `%s`, seed of each scenario file).\n\n", o.suite)
+	}
 	b.WriteString("p99 latency in ms:\n\n| scenario |")
 	for _, p := range o.policies {
 		fmt.Fprintf(&b, " %s |", p)
@@ -205,7 +273,58 @@ func (o *benchOptions) markdown(rows []benchRow) string {
 			fmt.Fprintf(&b, "| %s | %g – %g | %g (%.1f ms) | %s | %s | %.1f ms | %s | %d |\n", r.scenario, x.AlphaFrom, x.AlphaTo, x.Alpha, x.AlphaP99, edge, groupWeights(x.Weights), x.P99, floor, x.Runs)
 		}
 	}
+	if o.seeds > 1 {
+		b.WriteString(seedTable(rows, o.seeds))
+	}
 	return b.String()
+}
+
+// seedTable is the robustness table: per scenario, tail's p99 over least_request's and over
+// capacity's across the seeds of the sweep, and the seeds at which tail's p99 is the higher.
+func seedTable(rows []benchRow, seeds int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nOver %d seeds (each scenario's own seed s to s+%d; the tables above are seed s): `tail`'s p99 divided by `least_request`'s and by `capacity`'s under the same seed, the worst (largest) and the median of the %d ratios, and the seeds at which `tail`'s p99 is higher.\n\n", seeds, seeds-1, seeds)
+	b.WriteString("| scenario | seeds | tail / least_request: worst | median | tail / capacity: worst | median | seeds where tail > least_request | seeds where tail > capacity |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rows {
+		lr := seedRatios(r.seedP99, sim.PolicyLeastRequest)
+		cp := seedRatios(r.seedP99, sim.PolicyCapacity)
+		fmt.Fprintf(&b, "| %s | %d – %d | %.2f | %.2f | %.2f | %.2f | %s | %s |\n", r.scenario, r.firstSeed, r.firstSeed+int64(len(r.seedP99))-1,
+			slices.Max(lr), median(lr), slices.Max(cp), median(cp), seedsAbove(lr, r.firstSeed), seedsAbove(cp, r.firstSeed))
+	}
+	return b.String()
+}
+
+// seedRatios is tail's p99 over the baseline's, per seed of the sweep.
+func seedRatios(p99s []map[string]float64, baseline string) []float64 {
+	ratios := make([]float64, len(p99s))
+	for k, p := range p99s {
+		ratios[k] = p[sim.PolicyTail] / p[baseline]
+	}
+	return ratios
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// seedsAbove lists the seeds whose ratio is above 1 with the ratio, or "none". Three decimals,
+// so that a seed listed as worse never reads as a ratio of 1.00.
+func seedsAbove(ratios []float64, firstSeed int64) string {
+	var cells []string
+	for k, x := range ratios {
+		if x > 1 {
+			cells = append(cells, fmt.Sprintf("%d (%.3f)", firstSeed+int64(k), x))
+		}
+	}
+	if len(cells) == 0 {
+		return "none"
+	}
+	return strings.Join(cells, ", ")
 }
 
 // groupWeights lists weights per pod group in name order.

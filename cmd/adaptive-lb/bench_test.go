@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -116,5 +118,136 @@ func TestBench_WritesAfterCountsOnlyTheWritesThatReachedTheClientsAfterTheWarmUp
 	}
 	if got := writesAfter(r, 0); got != 4 {
 		t.Fatalf("writes after no warm-up: %d, want all 4", got)
+	}
+}
+
+// twoScenarioSuite writes a suite of two short scenarios with different seeds in their files.
+func twoScenarioSuite(t *testing.T, dir string) string {
+	t.Helper()
+	suite := tinySuite(t, dir)
+	other := "name: other\nduration: 30s\nwarmup: 5s\nseed: 7\nload: {rps: 300}\nclients: {proxies: 2}\ncontroller: {interval: 5s}\n" +
+		"pods:\n  - {name: fast, replicas: 3, workers: 4, cpu_limit: 1, cost: {mean: 2ms}}\n  - {name: slow, replicas: 1, workers: 4, cpu_limit: 1, speed: 0.4, cost: {mean: 2ms}}\n"
+	if err := os.WriteFile(filepath.Join(suite, "other.yaml"), []byte(other), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return suite
+}
+
+// robustnessRows returns the rows of the robustness table in the bench's output.
+func robustnessRows(t *testing.T, out string) []string {
+	t.Helper()
+	_, table, found := strings.Cut(out, "| scenario | seeds | tail / least_request: worst |")
+	if !found {
+		t.Fatalf("no robustness table in:\n%s", out)
+	}
+	var rows []string
+	for _, line := range strings.Split(table, "\n")[2:] {
+		if strings.HasPrefix(line, "| ") {
+			rows = append(rows, line)
+		}
+	}
+	return rows
+}
+
+func TestBench_SeedsAddsOneRobustnessRowPerScenarioFromEverySeedsRuns(t *testing.T) {
+	suite := twoScenarioSuite(t, t.TempDir())
+	const seeds = 3
+	// --policies without tail: the sweep runs its three policies all the same.
+	code, out, errOut := runCLI(t, "bench", "--suite", suite, "--policies", "least_request,capacity", "--seeds", "3")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	rows := robustnessRows(t, out)
+	if len(rows) != 2 {
+		t.Fatalf("want one row per scenario (2), got %d:\n%s", len(rows), out)
+	}
+	// Each row must be what independent runs of the three policies under the seeds s..s+2 give.
+	for i, file := range []string{"other.yaml", "tiny.yaml"} {
+		sc, err := sim.LoadScenarioFile(filepath.Join(suite, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p99s []map[string]float64
+		for k := range seeds {
+			seeded := *sc
+			seeded.Seed = sc.Seed + int64(k)
+			p99 := map[string]float64{}
+			for _, p := range seedPolicies {
+				r, err := sim.Run(&seeded, p, sim.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				p99[p] = r.Latency.P99
+			}
+			p99s = append(p99s, p99)
+		}
+		lr, cp := seedRatios(p99s, sim.PolicyLeastRequest), seedRatios(p99s, sim.PolicyCapacity)
+		want := fmt.Sprintf("| %s | %d – %d | %.2f | %.2f | %.2f | %.2f | %s | %s |", sc.Name, sc.Seed, sc.Seed+seeds-1,
+			slices.Max(lr), median(lr), slices.Max(cp), median(cp), seedsAbove(lr, sc.Seed), seedsAbove(cp, sc.Seed))
+		if rows[i] != want {
+			t.Errorf("row %d:\n got %s\nwant %s", i, rows[i], want)
+		}
+	}
+	if !strings.Contains(out, "Over 3 seeds") || !strings.Contains(out, "bench --write-docs --seeds 3") {
+		t.Fatalf("robustness table not introduced or reproduce line without --seeds:\n%s", out)
+	}
+}
+
+func TestBench_SeedsOutsideOneToTwentyIsRefused(t *testing.T) {
+	suite := tinySuite(t, t.TempDir())
+	for _, n := range []string{"0", "-2", "21"} {
+		code, out, errOut := runCLI(t, "bench", "--suite", suite, "--seeds", n)
+		if code != exitUsageError || !strings.Contains(errOut, "--seeds "+n+": give a number of seeds from 1") || out != "" {
+			t.Errorf("--seeds %s: exit %d stdout %q stderr %q", n, code, out, errOut)
+		}
+	}
+}
+
+func TestBench_OneSeedPrintsAndWritesExactlyWhatTheBenchDidWithoutTheFlag(t *testing.T) {
+	dir := t.TempDir()
+	suite := twoScenarioSuite(t, dir)
+	args := []string{"bench", "--suite", suite, "--policies", "least_request,oracle,capacity,tail"}
+	_, without, _ := runCLI(t, args...)
+	code, withOne, errOut := runCLI(t, append(args, "--seeds", "1")...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if withOne != without || strings.Contains(without, "Over ") || strings.Contains(without, "--seeds") {
+		t.Fatalf("--seeds 1 changed the output:\n%s\nwithout the flag:\n%s", withOne, without)
+	}
+	// With more seeds, everything before the robustness table is still seed s's tables.
+	_, withThree, _ := runCLI(t, append(args, "--seeds", "3")...)
+	head, _, _ := strings.Cut(withThree, "\nOver 3 seeds")
+	reproduce := func(s string) string { _, rest, _ := strings.Cut(s, "\n"); return rest }
+	if reproduce(head) != reproduce(without) {
+		t.Fatalf("--seeds 3 changed the single-seed tables:\n%s\nwithout the flag:\n%s", head, without)
+	}
+	// The generated block of --doc is the printed output, so it too is unchanged at one seed.
+	doc := filepath.Join(dir, "bench.md")
+	for _, extra := range [][]string{nil, {"--seeds", "1"}} {
+		if err := os.WriteFile(doc, []byte(benchBegin+"\nold\n"+benchEnd+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if code, _, errOut := runCLI(t, append(append(args, "--doc", doc), extra...)...); code != exitOK {
+			t.Fatalf("--doc %v: exit %d: %s", extra, code, errOut)
+		}
+		if got, _ := os.ReadFile(doc); string(got) != benchBegin+"\n"+without+benchEnd+"\n" {
+			t.Fatalf("--doc %v wrote:\n%s", extra, got)
+		}
+	}
+}
+
+func TestBench_MedianAndSeedsAboveOne(t *testing.T) {
+	if got := median([]float64{1.3, 0.9, 1.1, 0.8}); got != 1.0 {
+		t.Fatalf("median of four: %v, want 1.0 (the mean of the middle two)", got)
+	}
+	if got := median([]float64{1.3, 0.9, 1.1}); got != 1.1 {
+		t.Fatalf("median of three: %v, want 1.1", got)
+	}
+	if got := seedsAbove([]float64{0.9, 1.04, 1, 1.2}, 3); got != "4 (1.040), 6 (1.200)" {
+		t.Fatalf("seedsAbove: %q", got)
+	}
+	if got := seedsAbove([]float64{0.9, 1}, 3); got != "none" {
+		t.Fatalf("seedsAbove with none above: %q", got)
 	}
 }
