@@ -319,7 +319,10 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		d.Reason = "weights corrected toward the target traffic shares"
 	}
 	applyDeadBand(endpoints, &d, p.DeadBand)
-	if predictQuantile != nil && !firstStep && !slices.Contains(overloaded, true) && gainTooSmall(endpoints, ok, totalRate, d, predictQuantile) {
+	// A re-plan rides on the mirror's write that drops the departed endpoints, so it costs no
+	// push of its own: the gate, which saves pushes, does not hold it back (under the seed-5 run
+	// of fast-pod-dies it did, and the survivors stayed overloaded until the next cycle).
+	if predictQuantile != nil && !firstStep && !in.Replan && !slices.Contains(overloaded, true) && gainTooSmall(endpoints, ok, totalRate, d, predictQuantile) {
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonGainTooSmall}
 		}

@@ -320,6 +320,19 @@ func TestTail_WritePromisingTooLittleGainIsSkipped(t *testing.T) {
 	}
 }
 
+func TestTail_ReplanIsNotHeldByTheGainGate(t *testing.T) {
+	// The input the gate holds back above, as a re-plan after endpoints left: the re-plan rides
+	// on the mirror's write, costs no push of its own, and goes out.
+	eps := quietFleet([]float64{16, 8, 8, 8}, []int{200, 100, 100, 100})
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 40, Replan: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Reason == ReasonGainTooSmall || d.Endpoints[0].Weight >= 200 {
+		t.Fatalf("changed %v reason %q weights %v, want the re-plan written with the busy pod's weight lowered", d.Changed, d.Reason, weightsOf(d))
+	}
+}
+
 func TestTail_WritePromisingARealGainGoesOut(t *testing.T) {
 	// The same unevenness at 80% of the busy pod's capacity: its queue sets the p99, and
 	// evening the split out is predicted to gain far more than the tolerance.
