@@ -54,6 +54,26 @@ func (lf *loopFixture) dropPod(i int) (int64, map[string]int, int64) {
 	return before, got, after.Generation
 }
 
+// survivorsReplan is what the planner decides, as a re-plan, for a cycle's input without the
+// first pod (the one dropPod(1) removes); the test fails when that is no write, since the
+// scenario could then not tell a re-plan from none.
+func (lf *loopFixture) survivorsReplan(t *testing.T, in cycle.Target) weights.Decision {
+	t.Helper()
+	want := in
+	want.Replan, want.WindowCoverage = true, 1
+	want.Endpoints = nil
+	for _, e := range in.Endpoints {
+		if e.ID != lf.ips[0] {
+			want.Endpoints = append(want.Endpoints, e)
+		}
+	}
+	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
+	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
+		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
+	}
+	return outs[0].Decision
+}
+
 func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
 	lf.load(replanCores, replanRPS)
@@ -70,20 +90,9 @@ func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testi
 		t.Fatalf("ServiceEntry generation %d -> %d: the endpoint's removal and the re-plan must be one update", gen, genAfter)
 	}
 	// What the planner decides for the survivors' inputs of that cycle, as a re-plan.
-	want := in
-	want.Replan, want.WindowCoverage = true, 1
-	want.Endpoints = nil
-	for _, e := range in.Endpoints {
-		if e.ID != lf.ips[0] {
-			want.Endpoints = append(want.Endpoints, e)
-		}
-	}
-	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
-	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
-		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
-	}
+	replanned := lf.survivorsReplan(t, in)
 	moved := false
-	for _, r := range outs[0].Decision.Endpoints {
+	for _, r := range replanned.Endpoints {
 		if got[r.ID] != r.Weight {
 			t.Fatalf("survivor %s has weight %d, the re-plan computes %d (written %v, now %v)", r.ID, got[r.ID], r.Weight, written, got)
 		}
@@ -287,22 +296,11 @@ func TestMirror_ReplanIsNotUndoneByTheWriteOfACycleThatPlannedBeforeThePodLeft(t
 		t.Fatal("the cycle never read the ServiceEntry to write its weights: the scenario does not test the race")
 	}
 	in := rep.Inputs[lf.key()]
-	want := in
-	want.Replan, want.WindowCoverage = true, 1
-	want.Endpoints = nil
-	for _, e := range in.Endpoints {
-		if e.ID != lf.ips[0] {
-			want.Endpoints = append(want.Endpoints, e)
-		}
-	}
-	outs, _ := cycle.Plan(lf.clock.Now(), []cycle.Target{want}, map[string]cycle.State{}, 0)
-	if outs[0].Err != nil || outs[0].Action != cycle.ActionWrite {
-		t.Fatalf("the planner does not re-plan the survivors (%s: %s); the scenario cannot tell a re-plan from none", outs[0].Action, outs[0].Reason)
-	}
+	replanned := lf.survivorsReplan(t, in)
 	cycleWeights := rep.Outcomes[lf.key()].Decision.Weights()
 	final := lf.weights()
 	differs := false
-	for _, r := range outs[0].Decision.Endpoints {
+	for _, r := range replanned.Endpoints {
 		if got[r.ID] != r.Weight {
 			t.Fatalf("the mirror wrote %v, the re-plan computes %d for %s", got, r.Weight, r.ID)
 		}
