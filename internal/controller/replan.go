@@ -186,6 +186,11 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	if m == nil || existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun || alb.Spec.Mode == adlbv1.ModeFrozen {
 		return nil, time.Time{}
 	}
+	// Most mirror writes lose no endpoint: as many or more (Build lists each address once) means
+	// none left without another joining, so nothing below, settings, plan or membership, is read.
+	if len(built) >= len(existing.Spec.Endpoints) {
+		return nil, time.Time{}
+	}
 	settings, err := EngineSettings(alb)
 	if err != nil || (settings.Algorithm != weights.AlgorithmCapacity && settings.Algorithm != weights.AlgorithmTail) {
 		return nil, time.Time{}
