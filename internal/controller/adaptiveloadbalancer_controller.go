@@ -621,16 +621,27 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 
 // deleteServiceEntry deletes se if alb controls it; why completes the event's message.
 func (r *AdaptiveLoadBalancerReconciler) deleteServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, se *networkingv1.ServiceEntry, why string) error {
-	if !metav1.IsControlledBy(se, alb) {
-		return nil
+	if controlled, _, err := r.deleteIfControlled(ctx, alb, se); err != nil || !controlled {
+		return err
 	}
-	if err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
-	}
-	r.Versions.forget(client.ObjectKeyFromObject(se))
 	r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: %s", se.Name, why)
 	log.FromContext(ctx).Info("ServiceEntry deleted; traffic falls back to the Kubernetes endpoints", "serviceEntry", client.ObjectKeyFromObject(se), "why", why)
 	return nil
+}
+
+// deleteIfControlled deletes se if alb controls it, under se's UID as a precondition, and forgets
+// the version last written to it. It reports whether alb controlled se and whether the API server
+// still had it to delete.
+func (r *AdaptiveLoadBalancerReconciler) deleteIfControlled(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, se *networkingv1.ServiceEntry) (controlled, deleted bool, err error) {
+	if !metav1.IsControlledBy(se, alb) {
+		return false, false, nil
+	}
+	err = r.Delete(ctx, se, client.Preconditions{UID: &se.UID})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return true, false, fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
+	}
+	r.Versions.forget(client.ObjectKeyFromObject(se))
+	return true, err == nil, nil
 }
 
 // deleteStaleServiceEntries removes the ServiceEntries this AdaptiveLoadBalancer controls under

@@ -106,18 +106,8 @@ func (r *AdaptiveLoadBalancerReconciler) deleteControlledServiceEntry(ctx contex
 	} else if err != nil {
 		return false, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
-	if !metav1.IsControlledBy(se, alb) {
-		return false, nil
-	}
-	err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("delete ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
-	}
-	r.Versions.forget(key)
-	return true, nil
+	_, deleted, err := r.deleteIfControlled(ctx, alb, se)
+	return deleted, err
 }
 
 // staleDeadlineLimiter is the reconcile back-off, shortened so that a failing AdaptiveLoadBalancer
