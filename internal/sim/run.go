@@ -776,27 +776,34 @@ func (s *simulation) onControl(t float64) error {
 	if !d.Changed {
 		return nil
 	}
-	s.applySeq++
 	next := make(map[int32]int, len(ids))
 	for i, r := range d.Endpoints {
 		next[ids[i]] = r.Weight
 	}
+	s.scheduleApply(t, next)
+	return nil
+}
+
+// scheduleApply counts a weight write decided at t and has it reach the clients after the apply
+// delay, as the operator's ServiceEntry write reaches them through istiod.
+func (s *simulation) scheduleApply(t float64, next map[int32]int) {
+	s.applySeq++
 	s.pending[s.applySeq] = next
 	s.weightWrites++
 	s.q.push(t+s.sc.Controller.ApplyDelay.Seconds(), evApply, 0, s.applySeq)
-	return nil
 }
 
 // replan re-decides the survivors' weights when endpoints leave, as the operator's endpoint
 // mirror does in the ServiceEntry write that drops them. It runs the engine on the last cycle's
 // observations of the endpoints still in the host set, with the weights that were in force over
-// that window (so that two departures before the next cycle re-plan from the same basis), and the fleet's recent peak rate, which still holds the departed pods' traffic:
-// the whole load is planned over fewer pods. The settle rules do not apply (weights.Input.Replan);
-// every bound does, and so does the dead band: a change too small to move traffic is not written.
-// There is no re-plan while a pod that joined since the last cycle is in the host set (a rolling
+// that window (so that two departures before the next cycle re-plan from the same basis), and the
+// fleet's recent peak rate, which still holds the departed pods' traffic: the whole load is
+// planned over fewer pods. The settle rules do not apply (weights.Input.Replan); every bound
+// does, and so does the dead band: a change too small to move traffic is not written. There is
+// no re-plan while a pod that joined since the last cycle is in the host set (a rolling
 // restart's replacement, a scale-up): the lost capacity is being replaced, the newcomer has no
-// observation to plan with, and a plan without it would shift its share onto the others. A pod that joined since the last cycle has no
-// observation and keeps the weight the mirror gave it. The published operator's baselines do not
+// observation to plan with, and a plan without it would shift its share onto the others; the
+// newcomer keeps the weight the mirror gave it. The published operator's baselines do not
 // re-plan: their source reacts only in its cycle. The new weights reach the clients after the
 // apply delay, like the mirror's write; a re-plan that changes a weight counts as a weight write.
 func (s *simulation) replan(t float64) {
@@ -836,10 +843,7 @@ func (s *simulation) replan(t float64) {
 	if !changed {
 		return
 	}
-	s.applySeq++
-	s.pending[s.applySeq] = next
-	s.weightWrites++
-	s.q.push(t+s.sc.Controller.ApplyDelay.Seconds(), evApply, 0, s.applySeq)
+	s.scheduleApply(t, next)
 }
 
 func (s *simulation) onApply(t float64, seq uint32) {
