@@ -56,7 +56,7 @@ type WeightCycle struct {
 	states    map[types.NamespacedName]cycle.State
 	lastRun   map[types.NamespacedName]time.Time
 	debouncer *pushmodel.Debouncer
-	// known holds, per AdaptiveLoadBalancer, the pods whose weight came from their own metrics:
+	// known holds, per AdaptiveLoadBalancer, the pods (by name) whose weight came from their own metrics:
 	// while their metrics are missing they keep their last weight.
 	known map[types.NamespacedName]map[string]bool
 	// statusThrottle spaces the status writes that only refresh the per-endpoint signals.
@@ -120,8 +120,6 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	logger := log.FromContext(ctx)
 	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}}
 
-	// Re-plans the mirror writes from here on answer a membership this cycle may not plan for.
-	replanSeq := w.Membership.ReplanSeq()
 	due, idle, err := w.dueTargets(ctx, start)
 	if err != nil {
 		return report, err
@@ -136,7 +134,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	batches := w.fetch(ctx, start, due)
 	w.evaluate(start, due, batches, &report)
 	outcomes, prev, next := w.plan(start, due)
-	deferred := w.writeBurst(ctx, start, due, outcomes, prev, next, replanSeq, &report)
+	deferred := w.writeBurst(ctx, start, due, outcomes, prev, next, &report)
 	for i, d := range due {
 		if err := w.writeStatus(ctx, d, outcomes[i], start); err != nil {
 			logger.Error(err, "status write failed", "adaptiveLoadBalancer", d.key)

@@ -37,10 +37,14 @@ type dueTarget struct {
 	overridesIgnored bool
 	pods             map[string]*corev1.Pod // by IP
 	podOrder         []string               // IPs in ServiceEntry order
-	current          map[string]int         // weight by IP
+	current          map[string]int         // applied weight by IP (the operator's record, else the ServiceEntry's)
+	slicePod         map[string]string      // the pod the EndpointSlices list at each IP, by which the record names it
 	peerGroup        map[string]string      // instance type by IP
 	nodeCPU          map[string]float64     // allocatable CPU of the pod's node by IP, when known
 	lastWrite        time.Time
+	// replannedAt is the time of the mirror's last re-plan in the ServiceEntry this cycle read:
+	// a later one in the version it writes to means the mirror re-planned since (writeWeights).
+	replannedAt time.Time
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
 	health   metricsHealth
@@ -136,13 +140,19 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		if alb.Status.LastWeightWrite != nil {
 			d.lastWrite = alb.Status.LastWeightWrite.Time
 		}
+		d.replannedAt = replannedAt(se)
 		listed, err := w.slicePods(ctx, alb)
 		if err != nil {
 			return nil, nil, err
 		}
+		d.slicePod = listed
+		applied, recorded := readApplied(se)
 		for _, e := range se.Spec.Endpoints {
 			d.podOrder = append(d.podOrder, e.Address)
 			d.current[e.Address] = int(e.Weight)
+			if w, ok := applied[listed[e.Address]]; recorded && ok {
+				d.current[e.Address] = int(w) // a weight edited by someone else is not the operator's
+			}
 			pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
 			if err != nil {
 				return nil, nil, err

@@ -15,17 +15,18 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
-// writeWeights patches only the weights of the ServiceEntry's current endpoints; an endpoint the
-// mirror added or removed meanwhile is left to the mirror.
 // errSupersededByReplan: the mirror re-planned the weights for a newer membership since the
 // cycle read the ServiceEntry; the cycle's decision counts endpoints that left.
 var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weights since this cycle planned")
 
-// writeWeights writes decision's weights. With yieldToReplan, it writes nothing and returns
-// errSupersededByReplan when the mirror has re-planned key's weights since ReplanSeq gave
-// replanSeq: checked after reading the version to patch, so that a re-plan written after the
-// check makes the patch conflict instead of being overwritten.
-func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool, replanSeq uint64) error {
+// writeWeights patches the weights of the ServiceEntry's current endpoints to decision's, and
+// the operator's record of them, in one write; an endpoint the mirror added or removed meanwhile
+// is left to the mirror. With yieldToReplan, it writes nothing and returns errSupersededByReplan
+// when the version it would patch carries a re-plan the version the cycle planned from did not:
+// checked on the version patched under an optimistic lock, so that a re-plan written after the
+// check makes the patch conflict instead of being overwritten, and a re-plan whose write failed
+// is not yielded to.
+func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool) error {
 	next := decision.Weights()
 	key := client.ObjectKeyFromObject(d.se)
 	cached := &networkingv1.ServiceEntry{}
@@ -36,7 +37,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		w.Versions = &ServiceEntryVersions{}
 	}
 	se := w.Versions.newest(key, cached)
-	if yieldToReplan && w.Membership.ReplannedSince(d.key, replanSeq) {
+	if yieldToReplan && !replannedAt(se).Equal(d.replannedAt) {
 		return errSupersededByReplan
 	}
 	base := se.DeepCopy()
@@ -51,6 +52,16 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		return nil
 	}
 	istio.LimitWeightSum(se.Spec.Endpoints)
+	applied, ok := readApplied(se)
+	if !ok {
+		applied = appliedWeights{}
+	}
+	for _, e := range se.Spec.Endpoints {
+		if pod := d.slicePod[e.Address]; pod != "" {
+			applied[pod] = e.Weight
+		}
+	}
+	setAnnotation(se, AppliedWeightsAnnotation, applied.String())
 	// Optimistic lock: a membership write may have landed since the read; then the mirror's
 	// version wins and the next cycle retries.
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -70,7 +81,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 // istiod debounce window, then the operator is quiet until the next cycle. An outcome whose
 // write was superseded by the mirror's re-plan, or failed, is amended in place. It returns how
 // many targets the budget deferred.
-func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*dueTarget, outcomes []cycle.Outcome, prev, next map[string]cycle.State, replanSeq uint64, report *CycleReport) int {
+func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*dueTarget, outcomes []cycle.Outcome, prev, next map[string]cycle.State, report *CycleReport) int {
 	deferred := 0
 	for i, d := range due {
 		o := &outcomes[i]
@@ -86,7 +97,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 		}
 		if o.Action == cycle.ActionWrite {
 			// A fallback to equal weights is written whatever the mirror re-planned.
-			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback, replanSeq)
+			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback)
 			if errors.Is(err, errSupersededByReplan) {
 				o.Action = cycle.ActionNone
 				o.Reason = "endpoints left while this cycle planned: the weights the mirror re-planned for the endpoints that stay are kept until the next cycle"
@@ -112,8 +123,8 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 				w.known[d.key] = map[string]bool{}
 			}
 			for _, e := range d.observed.Endpoints {
-				if e.HasMetrics {
-					w.known[d.key][e.ID] = true
+				if pod, ok := d.pods[e.ID]; ok && e.HasMetrics {
+					w.known[d.key][pod.Name] = true
 				}
 			}
 		}
