@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -185,5 +186,72 @@ func TestWeightCycle_DoesNotYieldToAReplanWhoseWriteFailed(t *testing.T) {
 	}
 	if fault.attempts.Load() == attemptsBefore {
 		t.Fatalf("the cycle reports a write it never attempted: %s", o.Reason)
+	}
+}
+
+// Issue 21.4: when the TSDB is gone for longer than the hold time, every Service fails open in
+// the same cycle whatever the write budget, and what the status and the events say is what the
+// ServiceEntries carry.
+func TestWeightCycle_EveryServiceFailsOpenInOneCycleWhateverTheBudget(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
+	var eps []sliceEndpoint
+	for i, ip := range lf.ips {
+		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
+	}
+	lf.slice("api", "api-x", eps...)
+	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: loopInterval} })
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
+	lf.waitForAddresses("api", lf.ips...)
+	lf.waitForCondition("api", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	lf.loop.Budget = 1
+	lf.load(skewedCores, equalRPS)
+	for range 2 { // one write per cycle
+		lf.run()
+		lf.clock.Step(loopInterval)
+		lf.load(skewedCores, equalRPS)
+	}
+	for _, name := range []string{"web", "api"} {
+		if w := lf.weightsOf(name); w[lf.ips[0]] == w[lf.ips[5]] {
+			t.Fatalf("%s: weights %v; the scenario needs both Services adapted", name, w)
+		}
+	}
+
+	lf.vm.Stop() // the last good metrics were one interval ago
+	for i := range 4 {
+		if i > 0 {
+			lf.clock.Step(loopInterval)
+		}
+		if o := lf.run().Outcomes[lf.key()]; o.Action != cycle.ActionHold {
+			t.Fatalf("outage cycle %d: %s, want Hold (%s)", i+1, o.Action, o.Reason)
+		}
+	}
+	lf.clock.Step(loopInterval) // five intervals since the last good metrics
+	rep := lf.run()
+	for _, name := range []string{"web", "api"} {
+		key := types.NamespacedName{Namespace: lf.ns, Name: name}
+		if o := rep.Outcomes[key]; o.Action != cycle.ActionWrite || !o.Fallback {
+			t.Errorf("%s after the hold time: %s (fallback %v): %s", name, o.Action, o.Fallback, o.Reason)
+		}
+		for ip, w := range lf.weightsOf(name) {
+			if w != 100 {
+				t.Errorf("%s: %s still has weight %d after the fallback cycle", name, ip, w)
+			}
+		}
+		lf.waitForCondition(name, adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFallback)
+	}
+	fallbacks := 0
+	for drained := false; !drained; {
+		select {
+		case ev := <-lf.events.Events:
+			if strings.HasPrefix(ev, "Warning "+EventFallback) {
+				fallbacks++
+			}
+		default:
+			drained = true
+		}
+	}
+	if fallbacks != 2 {
+		t.Errorf("%d %s events, want one per Service", fallbacks, EventFallback)
 	}
 }

@@ -94,6 +94,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 			w.lastRun[d.key] = start
 		} else {
 			deferred++
+			w.notFallenBack(d, prev)
 		}
 		if o.Action == cycle.ActionWrite {
 			// A fallback to equal weights is written whatever the mirror re-planned.
@@ -106,10 +107,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 				// lastWeightWrite the ServiceEntry really has.
 				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
 				d.writeErr = err
-				// A fallback not written has not begun: its event comes with the write that lands.
-				st := w.states[d.key]
-				st.FallenBack = prev[d.key.String()].FallenBack
-				w.states[d.key] = st
+				w.notFallenBack(d, prev)
 			} else {
 				// Push estimates need when the writes really reached the API server, not the cycle's clock.
 				at := time.Now()
@@ -131,4 +129,12 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 		report.Outcomes[d.key] = *o
 	}
 	return deferred
+}
+
+// notFallenBack keeps d's planner state as it was before this cycle as far as the fallback goes:
+// a fallback not written has not begun, and is reported and announced with the write that lands.
+func (w *WeightCycle) notFallenBack(d *dueTarget, prev map[string]cycle.State) {
+	st := w.states[d.key]
+	st.FallenBack = prev[d.key.String()].FallenBack
+	w.states[d.key] = st
 }
