@@ -58,6 +58,10 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonDryRun, "mode is DryRun: "+o.Reason+" (not written)"
 	}
 	weightsCond.Message = shorten(weightsCond.Message, 600)
+	if d.warmupErr != nil && weightsCond.Status == metav1.ConditionTrue {
+		// Stable words (see errWarmupsUnknown), so the status is not rewritten every cycle.
+		weightsCond.Message += "; " + shorten(d.warmupErr.Error(), 200)
+	}
 	if h.histogramFailure != nil && weightsCond.Status == metav1.ConditionTrue {
 		// Only in the message, and by reason rather than the full error (which can change every
 		// cycle): the weights are still applied, so Ready stays True and the status is not

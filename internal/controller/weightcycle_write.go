@@ -24,8 +24,8 @@ var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weigh
 // is left to the mirror. With yieldToReplan, it writes nothing and returns errSupersededByReplan
 // when the version it would patch carries a re-plan the version the cycle planned from did not:
 // checked on the version patched under an optimistic lock, so that a re-plan written after the
-// check makes the patch conflict instead of being overwritten, and a re-plan whose write failed
-// is not yielded to.
+// check makes the patch conflict instead of being overwritten (the cycle then yields to it too),
+// and a re-plan whose write failed is not yielded to.
 func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool) error {
 	next := decision.Weights()
 	key := client.ObjectKeyFromObject(d.se)
@@ -67,6 +67,9 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			w.Versions.forget(key) // someone else wrote since: the next cycle starts from the cache
+			if yieldToReplan && w.replannedSince(ctx, key, d.replannedAt) {
+				return errSupersededByReplan // the write that won carries the mirror's re-plan
+			}
 		}
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
@@ -74,6 +77,17 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	w.Membership.Weighted(d.key, next)
 	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
 	return nil
+}
+
+// replannedSince reports whether the ServiceEntry key, read from the API server, carries a
+// re-plan other than the one at planned.
+func (w *WeightCycle) replannedSince(ctx context.Context, key client.ObjectKey, planned time.Time) bool {
+	reader := w.APIReader
+	if reader == nil {
+		reader = w.Client
+	}
+	live := &networkingv1.ServiceEntry{}
+	return reader.Get(ctx, key, live) == nil && !replannedAt(live).Equal(planned)
 }
 
 // writeBurst carries out the plan: it records each target's new state and writes the weights
@@ -90,6 +104,17 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed)
 		}
 		w.states[d.key] = next[d.key.String()]
+		if o.Action == cycle.ActionWrite && ctx.Err() != nil {
+			// The cycle's deadline passed before this write: it waits for the next cycle, as one
+			// the budget defers.
+			o.Action = cycle.ActionDeferred
+			o.Reason = fmt.Sprintf("the weight cycle's deadline (%s) passed before this write; carried over to the next cycle (%s)", w.timeout(), o.Reason)
+			st := w.states[d.key]
+			if st.DeferredSince.IsZero() {
+				st.DeferredSince = start
+			}
+			w.states[d.key] = st
+		}
 		if o.Action != cycle.ActionDeferred {
 			w.lastRun[d.key] = start
 		} else {
