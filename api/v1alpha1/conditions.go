@@ -73,6 +73,11 @@ const (
 	ReasonPending = "Pending"
 	// ReasonFrozen: mode is Frozen; the weights in the ServiceEntry are kept as they are.
 	ReasonFrozen = "Frozen"
+	// ReasonOperatorUnavailable: no adaptive-lb operator runs (or sees the cluster), and the
+	// fail-open watchdog deleted the ServiceEntry, or the operator was uninstalled: the Service's
+	// clients use the Kubernetes endpoints, unweighted. Set by the watchdog, which stands in for
+	// the endpoint mirror while no operator runs; the mirror replaces it once one does.
+	ReasonOperatorUnavailable = "OperatorUnavailable"
 	// ReasonInputsUnavailable: the weight cycle could not read what it needs of this Service
 	// (its ServiceEntry, EndpointSlices, pods or nodes) in time; the weights are left as they
 	// are, the other Services' cycles go on, and the next cycle retries.

@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
 
@@ -55,8 +56,10 @@ locked out), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by
 own installation (labelled adaptivelb.io/install=<lease namespace>.<lease name>, or without that
 label: written by an older operator), so the mesh falls back to the Kubernetes endpoints instead of
 keeping endpoints that go stale. Another installation's are never touched. When the operator leads
-again it re-creates them. It needs to read the Lease and to list and delete
-ServiceEntries, nothing else.
+again it re-creates them. On each deleted ServiceEntry's AdaptiveLoadBalancer it sets
+EndpointsMirrored=False (OperatorUnavailable), so that no status claims Ready for a Service the
+operator no longer serves. It needs to read the Lease, to list and delete ServiceEntries, and to
+read AdaptiveLoadBalancers and patch their status, nothing else.
 
 With --uninstall (the chart's post-delete hook) it waits until no operator holds the lease, deletes
 the managed ServiceEntries and exits.`,
@@ -112,6 +115,10 @@ func (o *failsafeOptions) run(ctx context.Context, logTo io.Writer) error {
 	}
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	// The status of the AdaptiveLoadBalancers whose ServiceEntries it deletes.
+	if err := adlbv1.AddToScheme(scheme); err != nil {
 		return err
 	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
@@ -202,7 +209,9 @@ func (w *watchdog) check(ctx context.Context) {
 		w.logger.V(1).Info("leader lease fresh", "record", record, "unchangedFor", idle.Round(time.Millisecond))
 		return
 	}
-	n, err := w.deleteManaged(ctx)
+	why := fmt.Sprintf("no adaptive-lb operator has renewed its leader Lease %s for %s: the fail-open watchdog deleted the ServiceEntry, so that clients use the Kubernetes endpoints, unweighted; the operator re-creates it when it runs again",
+		w.lease, idle.Round(time.Second))
+	n, err := w.deleteManaged(ctx, why)
 	if err != nil {
 		w.logger.Error(err, "deleting the managed ServiceEntries failed; retrying at the next check")
 	}
@@ -228,8 +237,8 @@ func (w *watchdog) installSelectors() []labels.Selector {
 }
 
 // deleteManaged deletes the ServiceEntries of this installation (installSelectors), in the
-// watched namespaces.
-func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
+// watched namespaces, and says why on the status of each one's AdaptiveLoadBalancer.
+func (w *watchdog) deleteManaged(ctx context.Context, why string) (int, error) {
 	namespaces := w.namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
@@ -238,7 +247,7 @@ func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
 	var errs []error
 	for _, ns := range namespaces {
 		for _, sel := range w.installSelectors() {
-			n, err := w.deleteSelected(ctx, ns, sel)
+			n, err := w.deleteSelected(ctx, ns, sel, why)
 			deleted += n
 			if err != nil {
 				errs = append(errs, err)
@@ -249,7 +258,7 @@ func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
 }
 
 // deleteSelected deletes the ServiceEntries sel selects in ns.
-func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Selector) (int, error) {
+func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Selector, why string) (int, error) {
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(serviceEntryListGVK)
 	if err := w.client.List(ctx, list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
@@ -265,6 +274,11 @@ func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Sel
 			continue
 		}
 		deleted++
+		// After the deletion, which matters most: a status the watchdog may not write (an RBAC
+		// older than this rule) is logged, never a reason to keep the ServiceEntry.
+		if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, why); err != nil {
+			w.logger.Error(err, "cannot say on its AdaptiveLoadBalancer that the ServiceEntry is deleted", "serviceEntry", client.ObjectKeyFromObject(se))
+		}
 	}
 	return deleted, errors.Join(errs...)
 }
@@ -283,7 +297,7 @@ func (w *watchdog) uninstall(ctx context.Context, interval, timeout time.Duratio
 			if !free {
 				w.logger.Info("the operator still holds its lease after the timeout; deleting the ServiceEntries anyway", "timeout", timeout)
 			}
-			n, err := w.deleteManaged(ctx)
+			n, err := w.deleteManaged(ctx, "adaptive-lb was uninstalled: its ServiceEntry was deleted, so that clients use the Kubernetes endpoints, unweighted; delete this AdaptiveLoadBalancer, or install adaptive-lb again")
 			if err != nil {
 				return err
 			}

@@ -678,7 +678,9 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		}
 		// The throttle applies to the decision taken on the cached object; a retry after a
 		// conflict completes a write already decided.
-		if first && endpointsOnly(&alb.Status, status) {
+		// An empty ServiceEntry, or the first endpoints after none, is news the ENDPOINTS column
+		// must show at once.
+		if first && endpointsOnly(&alb.Status, status) && (alb.Status.EndpointCount == 0) == (status.EndpointCount == 0) {
 			if wait = r.statusThrottle.wait(key, r.Clock.Now(), statusEndpointInterval); wait > 0 {
 				return false
 			}

@@ -13,10 +13,19 @@ import (
 
 // conditions turns one target's cycle into its MetricsAvailable and WeightsApplied conditions.
 // Messages stay short (a few hundred bytes): the full errors go to events and the log.
-func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weightsCond metav1.Condition) {
+func (d *dueTarget) conditions(o cycle.Outcome, gen int64, prevMetricsReason string) (metricsCond, weightsCond metav1.Condition) {
 	h := d.health
 	metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonMetricsOK, Message: "metrics fetched for this Service's pods", ObservedGeneration: gen}
+	// A Service that never had usable metrics and whose pods have no series at all yet, within the
+	// hold time after its creation (the planner holds from then: seedState), awaits its first
+	// scrape: no outage yet. A TSDB that fails or answers stale samples is reported at once.
+	awaiting := (prevMetricsReason == "" || prevMetricsReason == adlbv1.ReasonAwaitingMetrics) && o.Action == cycle.ActionHold &&
+		h.pods > 0 && h.unscraped == h.pods
 	switch {
+	case awaiting:
+		metricsCond.Status, metricsCond.Reason = metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics
+		metricsCond.Message = fmt.Sprintf("no usable metrics yet for this Service's pods (%s); reported as an outage if none arrive within %s of its creation",
+			shorten(h.outageSummary(d.settings.Algorithm), 300), d.observed.HoldTime)
 	case h.pods > 0 && h.complete == 0:
 		reason := adlbv1.ReasonMetricsFailed
 		if h.stale == h.pods {
@@ -52,6 +61,8 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
 	case o.Fallback:
 		weightsCond.Reason = adlbv1.ReasonFallback
+	case awaiting:
+		weightsCond.Reason, weightsCond.Message = adlbv1.ReasonEqualWeights, "no usable metrics yet: the endpoints keep the weights the mirror gave them (equal for a new Service) until metrics arrive"
 	case o.Action == cycle.ActionHold:
 		weightsCond.Message = fmt.Sprintf("last weights held while metrics are unavailable (for up to %s)", d.observed.HoldTime)
 	case o.Action == cycle.ActionDryRun:

@@ -63,10 +63,16 @@ type dueTarget struct {
 }
 
 // idleTarget is an AdaptiveLoadBalancer the cycle does not weight because its mode is Frozen;
-// the cycle still owns its WeightsApplied condition.
+// the cycle still owns its MetricsAvailable and WeightsApplied conditions.
 type idleTarget struct {
-	alb       *adlbv1.AdaptiveLoadBalancer
-	condition metav1.Condition
+	alb        *adlbv1.AdaptiveLoadBalancer
+	conditions []metav1.Condition
+}
+
+// frozenConditions are a Frozen AdaptiveLoadBalancer's MetricsAvailable and WeightsApplied.
+var frozenConditions = []metav1.Condition{
+	{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionUnknown, Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: no metrics are fetched"},
+	{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: the weights in the ServiceEntry are kept as they are"},
 }
 
 // failedTarget is a due AdaptiveLoadBalancer whose inputs the cycle could not read.
@@ -117,8 +123,7 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) (gathered, 
 			continue // nothing mirrored yet, or a condition the mirror reports
 		}
 		if alb.Spec.Mode == adlbv1.ModeFrozen {
-			g.idle = append(g.idle, idleTarget{alb: alb, condition: metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue,
-				Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: the weights in the ServiceEntry are kept as they are", ObservedGeneration: alb.Generation}})
+			g.idle = append(g.idle, idleTarget{alb: alb, conditions: frozenConditions})
 			// A later switch back to Active starts a new hold history.
 			delete(w.states, key)
 			continue

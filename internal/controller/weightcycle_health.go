@@ -25,6 +25,9 @@ type metricsHealth struct {
 	// is the youngest of their stale samples' ages and threshold the limit.
 	stale          int
 	age, threshold time.Duration
+	// unscraped counts the pods with no series at all for a needed signal (the TSDB has
+	// nothing for them: not scraped yet, or never).
+	unscraped int
 	// failed lists the signals whose query failed for every pod (not a per-pod fault such as
 	// no series, NaN or a stale sample), and failure one of those errors.
 	failed  []metrics.Signal
@@ -133,13 +136,14 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 			h.rateObserved = true
 		}
 		ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
-		complete, stale := true, false
+		complete, stale, unscraped := true, false, false
 		for _, sig := range neededSignals {
 			sample := o.Sample(sig)
 			if sample.Usable() {
 				continue
 			}
 			complete = false
+			unscraped = unscraped || (!sample.Present && errors.Is(sample.Err, metrics.ErrNoData))
 			var se *metrics.StaleError
 			if sample.Present && errors.As(sample.Err, &se) {
 				stale = true
@@ -155,6 +159,9 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 			h.complete++
 		} else if stale {
 			h.stale++
+		}
+		if unscraped {
+			h.unscraped++
 		}
 		// Only the time in the ServiceEntry counts: a pod out of it for part of the window
 		// (readiness flapping, just joined) served nothing then, which is no sign of spare

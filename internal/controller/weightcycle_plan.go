@@ -13,7 +13,8 @@ import (
 // seedState rebuilds the planner's state from an AdaptiveLoadBalancer's status, for a target
 // this process has not planned yet. Metrics that were good when the previous leader last wrote
 // the status are taken as good until now (the hold period then starts at the first failure); a
-// hold in progress continues from when it began; a fallback stays a fallback.
+// hold in progress continues from when it began; a fallback stays a fallback; a Service still
+// awaiting its first metrics holds from its creation.
 func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Duration) cycle.State {
 	var st cycle.State
 	if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionWeightsApplied); c != nil && c.Reason == adlbv1.ReasonFallback {
@@ -22,7 +23,13 @@ func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Du
 	}
 	m := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable)
 	switch {
-	case m == nil:
+	case m == nil || m.Reason == adlbv1.ReasonAwaitingMetrics:
+		// No cycle has had usable metrics for it yet: its hold time counts from its creation, so
+		// that a new Service is not in an outage before the TSDB has scraped its pods.
+		st.LastGoodMetrics = alb.CreationTimestamp.Time
+	case m.Reason == adlbv1.ReasonFrozen:
+		// Back from Frozen, which fetched no metrics: a hold starts at the first failure.
+		st.LastGoodMetrics = now
 	case m.Status == metav1.ConditionTrue || m.Reason == adlbv1.ReasonQueryFailed:
 		// QueryFailed: an optional signal failed, the ones the engine needs were good.
 		st.LastGoodMetrics = now

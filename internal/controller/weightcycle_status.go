@@ -48,7 +48,7 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable); c != nil {
 			oldMetrics = *c
 		}
-		metricsCond, weightsCond = d.conditions(o, alb.Generation)
+		metricsCond, weightsCond = d.conditions(o, alb.Generation, oldMetrics.Reason)
 		meta.SetStatusCondition(&alb.Status.Conditions, metricsCond)
 		meta.SetStatusCondition(&alb.Status.Conditions, weightsCond)
 		if d.writeErr == nil {
@@ -102,14 +102,19 @@ func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cy
 	}
 }
 
-// writeIdleStatus sets the WeightsApplied condition of a Frozen AdaptiveLoadBalancer; it writes
-// only when the condition changes.
+// writeIdleStatus sets the conditions the weight cycle owns on a Frozen AdaptiveLoadBalancer:
+// WeightsApplied says the weights are kept, and MetricsAvailable that none are fetched (not the
+// last outage, which a Frozen object would otherwise report, Ready=False, long after it ended).
+// It writes only when a condition changes.
 func (w *WeightCycle) writeIdleStatus(ctx context.Context, t idleTarget) {
 	alb := t.alb.DeepCopy()
 	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
-		c := t.condition
-		c.ObservedGeneration = alb.Generation
-		return meta.SetStatusCondition(&alb.Status.Conditions, c)
+		changed := false
+		for _, c := range t.conditions {
+			c.ObservedGeneration = alb.Generation
+			changed = meta.SetStatusCondition(&alb.Status.Conditions, c) || changed
+		}
+		return changed
 	}
 	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
 		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", client.ObjectKeyFromObject(alb))
