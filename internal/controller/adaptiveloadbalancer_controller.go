@@ -317,8 +317,14 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		return mirrorOutcome{}, err
 	}
 	replanned, plannedAt := r.Membership.replanWeights(alb, existing, endpoints)
+	undone := false
+	if replanned == nil {
+		replanned, plannedAt = r.Membership.undoReplan(alb, endpoints)
+		undone = replanned != nil
+	}
 	if replanned != nil {
-		// Endpoints left: the survivors' re-planned weights go out in this same write.
+		// Endpoints left: the survivors' re-planned weights go out in this same write; or the
+		// ones that had left are back: the weights before that re-plan do.
 		if in.Weights == nil {
 			in.Weights = map[string]uint32{}
 		}
@@ -326,7 +332,11 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		if spec, endpoints, err = istio.Build(in); err != nil {
 			return mirrorOutcome{}, err
 		}
-		log.FromContext(ctx).Info("weights re-planned for the endpoints that stay", "endpoints", len(endpoints))
+		msg := "weights re-planned for the endpoints that stay"
+		if undone {
+			msg = "the endpoints that had left are back: the weights from before they left are restored"
+		}
+		log.FromContext(ctx).Info(msg, "endpoints", len(endpoints))
 	}
 	want := desiredServiceEntry{spec: spec, applied: appliedOf(endpoints)}
 	if replanned != nil {
@@ -339,13 +349,17 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	if err := r.apply(ctx, alb, existing, want, WriteReasonEndpoints); err != nil {
 		return mirrorOutcome{}, err
 	}
-	if replanned != nil {
-		// Only once the write has landed: the status names these weights as re-planned.
+	switch {
+	case undone:
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb), nil, nil)
+	case replanned != nil:
+		// Only once the write has landed: the status names these weights as re-planned, and
+		// the pods that left may come back to the weights before.
 		byIP := make(map[string]uint32, len(endpoints))
 		for _, e := range endpoints {
 			byIP[e.IP] = e.Weight
 		}
-		r.Membership.Replanned(client.ObjectKeyFromObject(alb), byIP)
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb), byIP, appliedBefore(existing, in.Pods))
 	}
 	return mirrorOutcome{
 		status: metav1.ConditionTrue,
@@ -540,10 +554,17 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 // deleteOwnedServiceEntry removes the ServiceEntry this AdaptiveLoadBalancer owns, if any, because
 // of reason (a condition reason: why the Service cannot be mirrored).
 func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, reason string) error {
+	key := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}
 	se := &networkingv1.ServiceEntry{}
-	err := r.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se)
+	err := r.Get(ctx, key, se)
 	if apierrors.IsNotFound(err) {
-		return nil
+		// The cache may not have seen a ServiceEntry this operator created a moment ago, and its
+		// watch event, the operator's own write, starts no reconcile (notOwnWrite): the version
+		// remembered from that write stands in for it.
+		if se = r.Versions.newest(key, nil); se == nil {
+			return nil
+		}
+		err = nil
 	}
 	if err != nil {
 		return fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)

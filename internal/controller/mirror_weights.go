@@ -34,10 +34,7 @@ func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.Ser
 	if existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun {
 		return nil, equal
 	}
-	applied, ok := readApplied(existing)
-	if !ok {
-		applied = appliedByAddress(existing, pods)
-	}
+	applied := appliedBefore(existing, pods)
 	if len(applied) == 0 {
 		return nil, equal
 	}
@@ -77,6 +74,15 @@ func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.Ser
 		}
 	}
 	return out, medianWeight(all)
+}
+
+// appliedBefore is the weights applied in the ServiceEntry existing, by pod: its record, or for
+// one written before the operator kept a record, its weights given to pods by address.
+func appliedBefore(existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod) appliedWeights {
+	if applied, ok := readApplied(existing); ok {
+		return applied
+	}
+	return appliedByAddress(existing, pods)
 }
 
 // appliedByAddress stands in for the record of a ServiceEntry written before the operator kept

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -58,5 +59,41 @@ func TestOrphanCheck_AnOwnerTheCacheHasNotSeenYetIsConfirmedOnTheAPIServer(t *te
 		if c.wantWhy != "" && !strings.Contains(why, c.wantWhy) {
 			t.Errorf("%s: why = %q, want it to say %q", c.name, why, c.wantWhy)
 		}
+	}
+}
+
+// laggingServiceEntries reads like an informer cache that has not yet seen a ServiceEntry the
+// operator created a moment ago.
+type laggingServiceEntries struct{ client.Client }
+
+func (l laggingServiceEntries) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*networkingv1.ServiceEntry); ok {
+		return apierrors.NewNotFound(networkingv1.Resource("serviceentries"), key.Name)
+	}
+	return l.Client.Get(ctx, key, obj, opts...)
+}
+
+// Issue 21.9: a ServiceEntry the mirror created moments before its Service became unsupported
+// (an exportTo "~" landing right after) is deleted although the cache has not seen it yet: its own
+// create event, the operator's write, triggers no other reconcile, so it would stay until an
+// unrelated event.
+func TestMirror_DeletesAServiceEntryItCreatedBeforeTheCacheSawIt(t *testing.T) {
+	f := newFixture(t)
+	// An owner the running operator does not serve (it is not in the API server), and a
+	// ServiceEntry without the managed-by label (the orphan check leaves it): only the
+	// reconciler below acts on them.
+	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "web", UID: "5b7a3c9e-0000-4000-8000-0000000000c1"},
+		Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: "web"}}}
+	se := sizedServiceEntry(f.ns, "web", 1)
+	se.OwnerReferences = []metav1.OwnerReference{{APIVersion: adlbv1.GroupVersion.String(), Kind: "AdaptiveLoadBalancer", Name: alb.Name, UID: alb.UID, Controller: ptr.To(true)}}
+	f.create(se)
+	versions := &ServiceEntryVersions{}
+	versions.remember(se) // the operator's own create
+	r := &AdaptiveLoadBalancerReconciler{Client: laggingServiceEntries{k8s}, apiReader: k8s, Versions: versions, Recorder: record.NewFakeRecorder(10), Metrics: testMetrics}
+	if err := r.deleteOwnedServiceEntry(f.ctx, alb, adlbv1.ReasonUnsupported); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
+		t.Fatalf("the ServiceEntry the cache has not seen yet survives its Service becoming unsupported (get: %v)", err)
 	}
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -33,21 +34,63 @@ type lastPlan struct {
 	// replannedWeights are the weights the last re-plan wrote, by IP, until the next cycle
 	// records its plan: the mirror's status names them as re-planned.
 	replannedWeights map[string]uint32
+	// beforeReplan are the weights of every pod listed before the last re-plan, until the next
+	// cycle records its plan: when the pods that left are all back, the re-plan is undone
+	// (undoReplan).
+	beforeReplan appliedWeights
 }
 
-// Replanned records that the mirror's write of re-planned weights for key (byIP) has landed. It
-// serves the status only: what the weight cycle must know of a re-plan (that one was written,
-// and when) is on the ServiceEntry itself (ReplannedAtAnnotation), in the same write.
-func (m *Membership) Replanned(key types.NamespacedName, byIP map[string]uint32) {
+// Replanned records that the mirror's write of re-planned weights for key (byIP) has landed,
+// replacing the weights before (by pod). It serves the status and the undo of the re-plan: what
+// the weight cycle must know of a re-plan (that one was written, and when) is on the
+// ServiceEntry itself (ReplannedAtAnnotation), in the same write. An undone re-plan (before
+// nil) leaves nothing to undo.
+func (m *Membership) Replanned(key types.NamespacedName, byIP map[string]uint32, before appliedWeights) {
 	if m == nil {
 		return
 	}
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()
 	if p, ok := m.plans.byKey[key]; ok {
-		p.replannedWeights = byIP
+		p.replannedWeights, p.beforeReplan = byIP, before
+		if before == nil {
+			p.replannedWeights = nil
+		}
 		m.plans.byKey[key] = p
 	}
+}
+
+// undoReplan returns, by pod name, the weights the pods had before the last re-plan of alb when
+// every pod that re-plan answered the leaving of is back and the ServiceEntry lists exactly the
+// pods it listed then (built), with no weight cycle planned since; and when it is. Otherwise nil.
+// A pod whose readiness flaps would otherwise ratchet its peers' weights: each departure
+// re-plans them up from the last re-plan's weights, and nothing brings them down when it
+// returns, until the weight cycle's own slower steps do.
+func (m *Membership) undoReplan(alb *adlbv1.AdaptiveLoadBalancer, built []istio.Endpoint) (map[string]uint32, time.Time) {
+	if m == nil || alb.Spec.Mode == adlbv1.ModeDryRun || alb.Spec.Mode == adlbv1.ModeFrozen {
+		return nil, time.Time{}
+	}
+	key := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}
+	m.plans.mu.Lock()
+	plan, ok := m.plans.byKey[key]
+	m.plans.mu.Unlock()
+	if !ok || plan.beforeReplan == nil || plan.uid != alb.UID || plan.generation != alb.Generation {
+		return nil, time.Time{}
+	}
+	listed := map[string]bool{}
+	for _, e := range built {
+		if _, was := plan.beforeReplan[e.Pod]; !was {
+			return nil, time.Time{} // a newcomer: not the membership the re-plan left
+		}
+		listed[e.Pod] = true
+	}
+	if len(listed) != len(plan.beforeReplan) {
+		return nil, time.Time{}
+	}
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.mu.Unlock()
+	return maps.Clone(plan.beforeReplan), now
 }
 
 // ReplannedWeight reports whether weight is what the last re-plan of key wrote for ip, with no

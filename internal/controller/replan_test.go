@@ -325,7 +325,7 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 	key := types.NamespacedName{Namespace: "ns", Name: "web"}
 	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
 	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
-	m.Replanned(key, map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28})
+	m.Replanned(key, map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28}, appliedWeights{})
 	replanned := func(ip string, w uint32) bool { return m.ReplannedWeight(key, ip, w) }
 
 	earlier := metav1.NewTime(clk.Now().Add(-time.Minute))
@@ -345,5 +345,59 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
 	if got, _ := endpointStatus(previous, mirrored, now, false, replanned); got[1].Reason != "" {
 		t.Fatalf("web-3 still named as re-planned after the next cycle: %+v", got[1])
+	}
+}
+
+// Issue 21.9: while a fast pod flaps (it leaves, comes back, leaves again, with weight cycles in
+// between), the re-plan must not ratchet the other pods' weights up: the weights re-planned when
+// it left are undone when it comes back, and each departure re-plans from the same weights.
+func TestMirror_AFlappingPodDoesNotRatchetTheReplan(t *testing.T) {
+	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.load(replanCores, replanRPS)
+	if rep := lf.run(); lf.wrote(rep) != 1 {
+		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
+	}
+	written := lf.weights()
+	var all []sliceEndpoint
+	for i, ip := range lf.ips {
+		all = append(all, ready(fmt.Sprintf("web-%d", i+1), ip))
+	}
+	var first map[string]int
+	for flap := 1; flap <= 3; flap++ {
+		lf.clock.Step(time.Second)
+		_, replanned, _ := lf.dropPod(1)
+		t.Logf("flap %d: web-1 left: %v", flap, orderedWeights(lf.ips, replanned))
+		if first == nil {
+			first = replanned
+			if replanned[lf.ips[5]] == written[lf.ips[5]] {
+				t.Fatalf("the re-plan kept the slow pod's weight %d: the scenario does not test it", written[lf.ips[5]])
+			}
+		}
+		// Each departure re-plans from the weights before it (restored below), on that cycle's
+		// observations, which move a little: never far above the first departure's re-plan.
+		for _, ip := range lf.ips[1:] {
+			if float64(replanned[ip]) > 1.1*float64(first[ip]) {
+				t.Fatalf("flap %d: %s re-planned to %d, the first departure's re-plan gave %d: the re-plan ratchets (%v, first %v)",
+					flap, ip, replanned[ip], first[ip], orderedWeights(lf.ips, replanned), orderedWeights(lf.ips, first))
+			}
+		}
+		lf.waitForMembership(lf.ips[0], false)
+		lf.clock.Step(time.Second)
+		lf.slice("web", "web-x", all...)
+		back := lf.waitForAddresses("web", lf.ips...)
+		got := map[string]int{}
+		for _, e := range back.Spec.Endpoints {
+			got[e.Address] = int(e.Weight)
+		}
+		for _, ip := range lf.ips {
+			if got[ip] != written[ip] {
+				t.Fatalf("flap %d: web-1 is back, yet %s has weight %d, not the %d it had before web-1 left (%v)", flap, ip, got[ip], written[ip], orderedWeights(lf.ips, got))
+			}
+		}
+		lf.waitForMembership(lf.ips[0], true)
+		// A weight cycle while it is back plans from the weights in force.
+		lf.clock.Step(time.Second)
+		lf.load(replanCores, replanRPS)
+		lf.run()
 	}
 }
