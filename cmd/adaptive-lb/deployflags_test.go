@@ -31,6 +31,7 @@ func TestDeployFlags_EveryFlagTheManifestsPassExists(t *testing.T) {
 			"--set", "tsdb.tls.serverName=vmselect.monitoring",
 			"--set", "tsdb.tls.insecureSkipVerify=true",
 			"--set", "tsdb.allowQueryOverrides=true",
+			"--set", "metrics.tls.secret=metrics-tls",
 			"--set", "watchNamespaces={shop,web}")
 	}
 	if kustomize := os.Getenv("ADAPTIVELB_KUSTOMIZE_BIN"); kustomize != "" || os.Getenv("CI") != "" {

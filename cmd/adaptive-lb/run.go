@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,7 @@ type runOptions struct {
 	kubeconfig               string
 	metricsAddr              string
 	secureMetrics            bool
+	metricsCertDir           string
 	probeAddr                string
 	leaderElect              bool
 	leaderElectionNamespace  string
@@ -96,6 +98,7 @@ func newRunCmd() *cobra.Command {
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config or $KUBECONFIG")
 	f.StringVar(&o.metricsAddr, "metrics-bind-address", ":8443", "address of the metrics endpoint; 0 disables it")
 	f.BoolVar(&o.secureMetrics, "metrics-secure", true, "serve metrics over HTTPS, authenticated and authorized through the API server")
+	f.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key for the HTTPS metrics endpoint, re-read when they change; empty: a self-signed certificate made at start, which no scraper can verify")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz probes")
 	f.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica writes; standbys keep warm caches")
 	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader Lease (default: the pod's own)")
@@ -155,6 +158,14 @@ func (o *runOptions) validate() error {
 	}
 	if err := checkLogLevel(o.logLevel); err != nil {
 		return err
+	}
+	if o.metricsCertDir != "" {
+		// controller-runtime would fall back to a self-signed certificate without a word.
+		for _, name := range []string{"tls.crt", "tls.key"} {
+			if _, err := os.Stat(filepath.Join(o.metricsCertDir, name)); err != nil {
+				return newUsageError("--metrics-cert-dir %s: %v; mount a kubernetes.io/tls Secret there (tls.crt and tls.key)", o.metricsCertDir, err)
+			}
+		}
 	}
 	for _, ns := range o.watchNamespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
@@ -326,7 +337,7 @@ func isLeadershipLost(err error) bool {
 // runManager builds one controller manager with the mirror and the weight cycle and runs it
 // until ctx ends or it stops on its own (for example after losing the leader lease).
 func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *runtime.Scheme, shared sharedParts, base, logger logr.Logger) error {
-	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics}
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr, SecureServing: o.secureMetrics, CertDir: o.metricsCertDir}
 	if o.secureMetrics {
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
 	}

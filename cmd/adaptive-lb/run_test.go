@@ -160,3 +160,13 @@ func TestRun_StuckWorkersEndTheProcessInsteadOfASecondManager(t *testing.T) {
 		}
 	}
 }
+
+// A certificate directory without the certificate is refused at start, not replaced by a
+// self-signed certificate the scraper cannot verify.
+func TestRun_RefusesAMetricsCertDirWithoutTheCertificate(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errOut := runCLI(t, "run", "--metrics-cert-dir", dir)
+	if code != exitUsageError || !strings.Contains(errOut, "--metrics-cert-dir "+dir) || !strings.Contains(errOut, "tls.crt") {
+		t.Fatalf("exit %d stderr %q", code, errOut)
+	}
+}

@@ -50,6 +50,10 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 		if got == nil || want == nil {
 			t.Fatalf("%s or %s missing; chart has %v", chartName, configName, keys(objs))
 		}
+		if strings.HasSuffix(configName, "-lease") {
+			// The chart names the Lease after the release; config/ keeps the operator's default.
+			want = withLeaseName(t, want, "lb-adaptive-lb")
+		}
 		if !reflect.DeepEqual(got.Object["rules"], want.Object["rules"]) {
 			t.Errorf("%s rules %v differ from config/rbac/failsafe.yaml's %v", chartName, got.Object["rules"], want.Object["rules"])
 		}
@@ -61,7 +65,7 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 	sa, _, _ := unstructured.NestedString(dep.Object, "spec", "template", "spec", "serviceAccountName")
 	containers, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
 	args := toStrings(containers[0].(map[string]any)["args"])
-	if sa != "lb-adaptive-lb-failsafe" || strings.Join(args, " ") != "failsafe --leader-election-namespace=adaptive-lb-system --stale-after=3m --check-interval=15s --log-level=info" {
+	if sa != "lb-adaptive-lb-failsafe" || strings.Join(args, " ") != "failsafe --leader-election-namespace=adaptive-lb-system --leader-election-id=lb-adaptive-lb --stale-after=3m --check-interval=15s --log-level=info" {
 		t.Fatalf("watchdog runs as %q with %v", sa, args)
 	}
 	for _, k := range []string{"ServiceAccount/lb-adaptive-lb-uninstall", "ClusterRole/lb-adaptive-lb-uninstall", "ClusterRoleBinding/lb-adaptive-lb-uninstall", "Role/lb-adaptive-lb-uninstall", "RoleBinding/lb-adaptive-lb-uninstall", "Job/lb-adaptive-lb-uninstall"} {
@@ -149,4 +153,20 @@ func TestChart_WatchNamespacesRendersRolesInsteadOfClusterRoles(t *testing.T) {
 	if args := strings.Join(toStrings(containers[0].(map[string]any)["args"]), " "); !strings.Contains(args, "--namespaces=shop,web") {
 		t.Errorf("watchdog args %s", args)
 	}
+}
+
+// withLeaseName is a copy of the Lease Role role whose rules name the Lease lease.
+func withLeaseName(t *testing.T, role *unstructured.Unstructured, lease string) *unstructured.Unstructured {
+	t.Helper()
+	c := role.DeepCopy()
+	rules, _, _ := unstructured.NestedSlice(c.Object, "rules")
+	for _, r := range rules {
+		if _, ok := r.(map[string]any)["resourceNames"]; ok {
+			r.(map[string]any)["resourceNames"] = []any{lease}
+		}
+	}
+	if err := unstructured.SetNestedSlice(c.Object, rules, "rules"); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

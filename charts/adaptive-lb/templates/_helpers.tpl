@@ -8,6 +8,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{- /* The operator's leader Lease, per release: two releases in one namespace must not share a
+leader. The watchdog and the uninstall hook read the same Lease. */ -}}
+{{- define "adaptive-lb.leaseName" -}}
+{{- .Values.leaderElection.id | default (printf "%s-adaptive-lb" .Release.Name) -}}
+{{- end -}}
+
 {{- define "adaptive-lb.selectorLabels" -}}
 app.kubernetes.io/name: adaptive-lb
 app.kubernetes.io/instance: {{ .Release.Name }}
