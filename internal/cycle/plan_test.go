@@ -363,3 +363,28 @@ func TestPlan_FallbacksJumpTheBudget(t *testing.T) {
 		t.Errorf("%s: %s, want Deferred: three fallbacks spent a budget of 2 (%s)", o.Key, o.Action, o.Reason)
 	}
 }
+
+// Issue 21.4, at scale: a TSDB outage across 10,000 Services fails every one of them open in the
+// first cycle after the hold time, whatever the write budget (50); before, the budget let 50
+// fallbacks out per 5 s tick, 200 ticks (17 minutes) for the last.
+func TestPlan_AClusterWideOutageFailsOpenInOneCycle(t *testing.T) {
+	const services, budget = 10_000, 50
+	outage := errors.New("connection refused")
+	targets := make([]Target, services)
+	states := make(map[string]State, services)
+	for i := range targets {
+		targets[i] = target(fmt.Sprintf("ns/svc-%05d", i), skewed(120, 120, 40))
+		targets[i].MetricsErr = outage
+		states[targets[i].Key] = State{LastGoodMetrics: t0.Add(-10 * interval)}
+	}
+	outs, _ := Plan(t0, targets, states, budget)
+	writes := 0
+	for _, o := range outs {
+		if o.Action == ActionWrite && o.Fallback {
+			writes++
+		}
+	}
+	if writes != services {
+		t.Fatalf("%d of %d Services fail open in the first cycle after the hold time", writes, services)
+	}
+}
