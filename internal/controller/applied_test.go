@@ -49,11 +49,7 @@ func (lf *loopFixture) forgetInMemory() {
 // and knows of the ServiceEntry only what the API server holds.
 func TestMirror_RevertsAForeignWeightEditInEveryModeAndAfterARestart(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
-	lf.load(skewedCores, equalRPS)
-	if rep := lf.run(); lf.wrote(rep) != 1 {
-		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
-	}
-	applied := lf.weights()
+	applied := lf.adapt(skewedCores, equalRPS)
 	if applied[lf.ips[0]] == applied[lf.ips[5]] {
 		t.Fatalf("weights %v: the scenario needs adapted (unequal) weights", applied)
 	}
@@ -75,13 +71,7 @@ func TestMirror_RevertsAForeignWeightEditInEveryModeAndAfterARestart(t *testing.
 
 	// A membership change keeps the applied weights too, without anything in memory.
 	lf.forgetInMemory()
-	lf.pod("web", "web-7", "10.20.0.7", withCPULimit("2"))
-	var eps []sliceEndpoint
-	for i, ip := range lf.ips {
-		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
-	}
-	lf.slice("web", "web-x", append(eps, ready("web-7", "10.20.0.7"))...)
-	lf.waitForAddresses("web", append(append([]string{}, lf.ips...), "10.20.0.7")...)
+	lf.joinSeventh()
 	lf.waitForWeights(applied)
 }
 
@@ -92,11 +82,7 @@ func TestMirror_APodAtAReusedAddressDoesNotInheritItsPredecessorsWeight(t *testi
 	requireVM(t)
 	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
 	lf.useCapacity()
-	lf.load(skewedCores, equalRPS)
-	if rep := lf.run(); lf.wrote(rep) != 1 {
-		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
-	}
-	adapted := lf.weights()
+	adapted := lf.adapt(skewedCores, equalRPS)
 	fast, slow := adapted[lf.ips[0]], adapted[lf.ips[4]]
 	if slow != adapted[lf.ips[5]] || fast <= slow {
 		t.Fatalf("weights %v: the scenario needs fast pods above two equal slow ones", orderedWeights(lf.ips, adapted))
@@ -195,11 +181,7 @@ func TestWeightCycle_DoesNotYieldToAReplanWhoseWriteFailed(t *testing.T) {
 func TestWeightCycle_EveryServiceFailsOpenInOneCycleWhateverTheBudget(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
 	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
-	var eps []sliceEndpoint
-	for i, ip := range lf.ips {
-		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
-	}
-	lf.slice("api", "api-x", eps...)
+	lf.slice("api", "api-x", lf.allReady()...)
 	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: loopInterval} })
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
 	lf.waitForAddresses("api", lf.ips...)

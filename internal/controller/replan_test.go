@@ -353,15 +353,7 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 // it left are undone when it comes back, and each departure re-plans from the same weights.
 func TestMirror_AFlappingPodDoesNotRatchetTheReplan(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
-	lf.load(replanCores, replanRPS)
-	if rep := lf.run(); lf.wrote(rep) != 1 {
-		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
-	}
-	written := lf.weights()
-	var all []sliceEndpoint
-	for i, ip := range lf.ips {
-		all = append(all, ready(fmt.Sprintf("web-%d", i+1), ip))
-	}
+	written := lf.adapt(replanCores, replanRPS)
 	var first map[string]int
 	for flap := 1; flap <= 3; flap++ {
 		lf.clock.Step(time.Second)
@@ -383,7 +375,7 @@ func TestMirror_AFlappingPodDoesNotRatchetTheReplan(t *testing.T) {
 		}
 		lf.waitForMembership(lf.ips[0], false)
 		lf.clock.Step(time.Second)
-		lf.slice("web", "web-x", all...)
+		lf.slice("web", "web-x", lf.allReady()...)
 		back := lf.waitForAddresses("web", lf.ips...)
 		got := map[string]int{}
 		for _, e := range back.Spec.Endpoints {

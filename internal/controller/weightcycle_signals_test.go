@@ -113,11 +113,7 @@ func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
 	lf.useCapacity()
 	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
-	var eps []sliceEndpoint
-	for i, ip := range lf.ips {
-		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
-	}
-	lf.slice("api", "api-x", eps...)
+	lf.slice("api", "api-x", lf.allReady()...)
 	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) {
 		a.Spec.Algorithm = adlbv1.AlgorithmCapacity
 		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
@@ -172,11 +168,7 @@ func TestWeightCycle_APodWithoutMetricsKeepsItsWeightOrTakesItsInstanceTypesMedi
 	requireVM(t)
 	lf := newLoopFixture(t, adlbv1.ModeActive, withInstanceTypes(newFixtureFor(t)))
 	lf.useCapacity()
-	lf.load(skewedCores, equalRPS)
-	if rep := lf.run(); lf.wrote(rep) != 1 {
-		t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
-	}
-	adapted := lf.weights()
+	adapted := lf.adapt(skewedCores, equalRPS)
 	slow := adapted[lf.ips[5]]
 	t.Logf("adapted %v", orderedWeights(lf.ips, adapted))
 
@@ -202,14 +194,7 @@ func TestWeightCycle_APodWithoutMetricsKeepsItsWeightOrTakesItsInstanceTypesMedi
 	})
 
 	// A new pod on the slow machine type joins, without metrics yet.
-	lf.pod("web", "web-7", "10.20.0.7", withCPULimit("2"), func(p *corev1.Pod) { p.Spec.NodeName = "slow-node" })
-	var eps []sliceEndpoint
-	for i, ip := range lf.ips {
-		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
-	}
-	eps = append(eps, ready("web-7", "10.20.0.7"))
-	lf.slice("web", "web-x", eps...)
-	lf.waitForAddresses("web", append(append([]string{}, lf.ips...), "10.20.0.7")...)
+	lf.joinSeventh(func(p *corev1.Pod) { p.Spec.NodeName = "slow-node" })
 	lf.clock.Step(loopInterval)
 	lf.load(skewedCores, equalRPS)
 	rep = lf.run()
@@ -407,13 +392,7 @@ func TestWeightCycle_FrozenKeepsTheWeights(t *testing.T) {
 	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFrozen)
 	lf.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 
-	lf.pod("web", "web-7", "10.20.0.7", withCPULimit("2"))
-	var eps []sliceEndpoint
-	for i, ip := range lf.ips {
-		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
-	}
-	lf.slice("web", "web-x", append(eps, ready("web-7", "10.20.0.7"))...)
-	lf.waitForAddresses("web", append(append([]string{}, lf.ips...), "10.20.0.7")...)
+	lf.joinSeventh()
 	got := lf.weights()
 	for ip, w := range adapted {
 		if got[ip] != w {

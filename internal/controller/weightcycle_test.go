@@ -183,6 +183,35 @@ func (lf *loopFixture) run() CycleReport {
 	return rep
 }
 
+// allReady is one ready slice endpoint for each of the fixture's pods.
+func (lf *loopFixture) allReady() []sliceEndpoint {
+	var eps []sliceEndpoint
+	for i, ip := range lf.ips {
+		eps = append(eps, ready(fmt.Sprintf("web-%d", i+1), ip))
+	}
+	return eps
+}
+
+// joinSeventh adds a ready seventh pod, web-7 at 10.20.0.7 (opts as for pod), to the Service and
+// waits until the ServiceEntry lists it.
+func (lf *loopFixture) joinSeventh(opts ...func(*corev1.Pod)) {
+	lf.t.Helper()
+	lf.pod("web", "web-7", "10.20.0.7", append([]func(*corev1.Pod){withCPULimit("2")}, opts...)...)
+	lf.slice("web", "web-x", append(lf.allReady(), ready("web-7", "10.20.0.7"))...)
+	lf.waitForAddresses("web", append(append([]string{}, lf.ips...), "10.20.0.7")...)
+}
+
+// adapt loads the signals and runs a first cycle, which must write; it returns the weights
+// written.
+func (lf *loopFixture) adapt(cores, rps []float64) map[string]int {
+	lf.t.Helper()
+	lf.load(cores, rps)
+	if rep := lf.run(); lf.wrote(rep) != 1 {
+		lf.t.Fatalf("first cycle: %+v", rep.Outcomes[lf.key()])
+	}
+	return lf.weights()
+}
+
 func (lf *loopFixture) weights() map[string]int {
 	lf.t.Helper()
 	se, err := lf.serviceEntry("web")

@@ -27,9 +27,16 @@ const chartDir = "../../charts/adaptive-lb"
 // render runs helm template with --set flags and returns the objects by kind/name.
 func render(t *testing.T, sets ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
+	return renderWith(t, "lb", []string{"--include-crds"}, sets...)
+}
+
+// renderWith renders the chart as release in the namespace adaptive-lb-system with the extra helm
+// flags and the values sets, and keys the objects by kind/name.
+func renderWith(t *testing.T, release string, flags []string, sets ...string) map[string]*unstructured.Unstructured {
+	t.Helper()
 	helm := testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm")
 	// --kube-version: a helm built from source assumes Kubernetes 1.20 when not talking to a cluster.
-	args := []string{"template", "lb", chartDir, "--namespace", "adaptive-lb-system", "--include-crds", "--kube-version", "1.36.3"}
+	args := append([]string{"template", release, chartDir, "--namespace", "adaptive-lb-system", "--kube-version", "1.36.3"}, flags...)
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}

@@ -15,16 +15,7 @@ import (
 // ServiceMonitor API available, and keys the objects by kind/name.
 func renderRelease(t *testing.T, name string, sets ...string) map[string]*unstructured.Unstructured {
 	t.Helper()
-	helm := testtools.RequireEnv(t, "ADAPTIVELB_HELM_BIN", "helm")
-	args := []string{"template", name, chartDir, "--namespace", "adaptive-lb-system", "--kube-version", "1.36.3", "--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"}
-	for _, s := range sets {
-		args = append(args, "--set", s)
-	}
-	objs := map[string]*unstructured.Unstructured{}
-	for _, u := range testtools.Render(t, helm, args...) {
-		objs[u.GetKind()+"/"+u.GetName()] = u
-	}
-	return objs
+	return renderWith(t, name, []string{"--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"}, sets...)
 }
 
 // containerArgs returns the first container's arguments of a Deployment or Job.
