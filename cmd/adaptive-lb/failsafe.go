@@ -48,14 +48,16 @@ func newFailsafeCmd() *cobra.Command {
 	o := &failsafeOptions{}
 	cmd := &cobra.Command{
 		Use:   "failsafe",
-		Short: "Watchdog: delete the operator's ServiceEntries when no operator replica renews the leader lease",
-		Long: `failsafe runs beside the operator, sharing nothing with it but the API server. When the
-operator's leader Lease has not been renewed for --stale-after (every replica down, crash-looping or
-locked out), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by=adaptive-lb of its
+		Short: "Watchdog: delete the operator's ServiceEntries when no operator replica renews its heartbeat",
+		Long: `failsafe runs beside the operator, sharing nothing with it but the API server. The operator's
+leader renews a heartbeat Lease (<leader-election-id>-heartbeat) every 10 s while its informers follow
+the cluster. When the heartbeat has not been renewed for --stale-after (every replica down,
+crash-looping or locked out, or the leader alive but blind: a verb removed from its Role, a wedged
+watch, its CRD deleted), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by=adaptive-lb of its
 own installation (labelled adaptivelb.io/install=<lease namespace>.<lease name>, or without that
 label: written by an older operator), so the mesh falls back to the Kubernetes endpoints instead of
-keeping endpoints that go stale. Another installation's are never touched. When the operator leads
-again it re-creates them. It needs to read the Lease and to list and delete
+keeping endpoints that go stale. Another installation's are never touched. When the operator sees
+the cluster again it re-creates them. It needs to read the two Leases and to list and delete
 ServiceEntries, nothing else.
 
 With --uninstall (the chart's post-delete hook) it waits until no operator holds the lease, deletes
@@ -75,9 +77,9 @@ the managed ServiceEntries and exits.`,
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config or $KUBECONFIG")
 	f.StringVar(&o.leaseNamespace, "leader-election-namespace", "", "namespace of the operator's leader Lease (default: the pod's own)")
-	f.StringVar(&o.leaseName, "leader-election-id", "adaptive-lb.adaptivelb.io", "name of the operator's leader Lease")
-	f.DurationVar(&o.staleAfter, "stale-after", 3*time.Minute, "how long the lease may go unrenewed before the managed ServiceEntries are deleted; keep it well above the operator's --leader-elect-lease-duration, which a normal failover can take")
-	f.DurationVar(&o.checkInterval, "check-interval", 15*time.Second, "how often the lease is read")
+	f.StringVar(&o.leaseName, "leader-election-id", "adaptive-lb.adaptivelb.io", "name of the operator's leader Lease; its heartbeat Lease is this name with -heartbeat")
+	f.DurationVar(&o.staleAfter, "stale-after", 3*time.Minute, "how long the operator's heartbeat may go unrenewed before the managed ServiceEntries are deleted; keep it well above the operator's --leader-elect-lease-duration, which a normal failover can take")
+	f.DurationVar(&o.checkInterval, "check-interval", 15*time.Second, "how often the heartbeat is read")
 	f.StringSliceVar(&o.namespaces, "namespaces", nil, "namespaces whose managed ServiceEntries are deleted (default: all); the operator's --watch-namespaces")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	f.BoolVar(&o.uninstall, "uninstall", false, "wait until no operator holds the lease, delete the managed ServiceEntries and exit (the chart's post-delete hook)")
@@ -121,12 +123,13 @@ func (o *failsafeOptions) run(ctx context.Context, logTo io.Writer) error {
 	w := &watchdog{
 		client: c, clock: clock.RealClock{}, logger: logger,
 		lease:      types.NamespacedName{Namespace: namespace, Name: o.leaseName},
+		heartbeat:  types.NamespacedName{Namespace: namespace, Name: controller.HeartbeatLeaseName(o.leaseName)},
 		staleAfter: o.staleAfter, namespaces: o.namespaces,
 	}
 	if o.uninstall {
 		return w.uninstall(ctx, o.checkInterval, o.uninstallTimeout)
 	}
-	logger.Info("watching the operator's leader lease", "lease", w.lease, "staleAfter", o.staleAfter, "checkInterval", o.checkInterval)
+	logger.Info("watching the operator's heartbeat", "heartbeat", w.heartbeat, "staleAfter", o.staleAfter, "checkInterval", o.checkInterval)
 	ticker := time.NewTicker(o.checkInterval)
 	defer ticker.Stop()
 	for {
@@ -139,13 +142,15 @@ func (o *failsafeOptions) run(ctx context.Context, logTo io.Writer) error {
 	}
 }
 
-// watchdog decides from the leader Lease whether any operator replica is alive, and deletes the
-// managed ServiceEntries when none has been for staleAfter.
+// watchdog decides from the operator's heartbeat Lease whether a leader is alive and sees the
+// cluster, and deletes the managed ServiceEntries when none has for staleAfter. The leader Lease
+// names the installation (installSelectors) and, at uninstall, says when the operator is gone.
 type watchdog struct {
 	client     client.Client
 	clock      clock.PassiveClock
 	logger     logr.Logger
 	lease      types.NamespacedName
+	heartbeat  types.NamespacedName
 	staleAfter time.Duration
 	namespaces []string
 
@@ -156,13 +161,13 @@ type watchdog struct {
 	fellBack   bool
 }
 
-// leaseRecord reads the Lease: its holder and renew time, "" when it does not exist.
-func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time.Time, err error) {
+// heartbeatRecord reads the heartbeat Lease: its holder and renew time, "" when it does not exist.
+func (w *watchdog) heartbeatRecord(ctx context.Context) (record string, renewed time.Time, err error) {
 	lease := &coordinationv1.Lease{}
-	if err := w.client.Get(ctx, w.lease, lease); apierrors.IsNotFound(err) {
+	if err := w.client.Get(ctx, w.heartbeat, lease); apierrors.IsNotFound(err) {
 		return "", time.Time{}, nil
 	} else if err != nil {
-		return "", time.Time{}, fmt.Errorf("read the leader Lease %s: %w", w.lease, err)
+		return "", time.Time{}, fmt.Errorf("read the operator's heartbeat Lease %s: %w", w.heartbeat, err)
 	}
 	if lease.Spec.RenewTime != nil {
 		renewed = lease.Spec.RenewTime.Time
@@ -170,7 +175,7 @@ func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time
 	return ptr.Deref(lease.Spec.HolderIdentity, "") + "@" + renewed.UTC().Format(time.RFC3339Nano), renewed, nil
 }
 
-// check reads the Lease once and deletes the managed ServiceEntries if it is stale. Staleness is
+// check reads the heartbeat once and deletes the managed ServiceEntries if it is stale. Staleness is
 // measured by this process's clock, from when it saw the record change: clock skew between the
 // operator's node and this one does not matter. Only at the first reading, a renew time already
 // older than staleAfter counts (the watchdog restarted while the operator was down), and only
@@ -178,10 +183,10 @@ func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time
 // an operator whose node runs minutes behind would look stale at the first reading.
 func (w *watchdog) check(ctx context.Context) {
 	now := w.clock.Now()
-	record, renewed, err := w.leaseRecord(ctx)
+	record, renewed, err := w.heartbeatRecord(ctx)
 	if err != nil {
 		// The API server is unreachable or refuses: no ServiceEntry can change either.
-		w.logger.Error(err, "cannot check the operator's lease; retrying")
+		w.logger.Error(err, "cannot check the operator's heartbeat; retrying")
 		return
 	}
 	if !w.seen || record != w.lastRecord {
@@ -196,10 +201,10 @@ func (w *watchdog) check(ctx context.Context) {
 	idle := now.Sub(w.lastChange)
 	if idle < w.staleAfter || !w.confirmed {
 		if w.fellBack {
-			w.logger.Info("the operator renews its lease again; it re-creates the ServiceEntries", "lease", w.lease, "record", record)
+			w.logger.Info("the operator renews its heartbeat again; it re-creates the ServiceEntries", "heartbeat", w.heartbeat, "record", record)
 			w.fellBack = false
 		}
-		w.logger.V(1).Info("leader lease fresh", "record", record, "unchangedFor", idle.Round(time.Millisecond))
+		w.logger.V(1).Info("heartbeat fresh", "record", record, "unchangedFor", idle.Round(time.Millisecond))
 		return
 	}
 	n, err := w.deleteManaged(ctx)
@@ -207,8 +212,8 @@ func (w *watchdog) check(ctx context.Context) {
 		w.logger.Error(err, "deleting the managed ServiceEntries failed; retrying at the next check")
 	}
 	if n > 0 || !w.fellBack {
-		w.logger.Info("no operator has renewed the leader lease: deleted the managed ServiceEntries, the mesh uses the Kubernetes endpoints",
-			"lease", w.lease, "unrenewedFor", idle.Round(time.Second), "deleted", n)
+		w.logger.Info("no operator has renewed its heartbeat (down, or alive but no longer seeing the cluster): deleted the managed ServiceEntries, the mesh uses the Kubernetes endpoints",
+			"heartbeat", w.heartbeat, "unrenewedFor", idle.Round(time.Second), "deleted", n)
 	}
 	w.fellBack = true
 }

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -40,6 +41,7 @@ import (
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/progress"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 )
 
@@ -220,9 +222,15 @@ func (o *runOptions) run(ctx context.Context) error {
 		}
 	}
 	// Without leader election too, when the Lease's namespace is known (in a pod it is): the
-	// label keeps another installation's watchdog off this one's ServiceEntries.
+	// label keeps another installation's watchdog off this one's ServiceEntries, and the
+	// heartbeat tells that watchdog whether the operator still sees the cluster.
 	if namespace, err := leaseNamespace(o.leaderElectionNamespace); err == nil {
 		shared.installID = controller.InstallID(namespace, o.leaderElectionID)
+		shared.heartbeat = types.NamespacedName{Namespace: namespace, Name: controller.HeartbeatLeaseName(o.leaderElectionID)}
+		shared.identity = processIdentity()
+		if shared.leaderLock != nil {
+			shared.identity = shared.leaderLock.Identity()
+		}
 	} else {
 		logger.Info("ServiceEntries carry no installation label: the leader Lease's namespace is unknown outside a pod without --leader-election-namespace; every installation's fail-open watchdog treats them as written by an older version", "error", err.Error())
 	}
@@ -308,6 +316,10 @@ type sharedParts struct {
 	// installID names this installation on its ServiceEntries (controller.InstallLabel): its
 	// leader Lease, which the fail-open watchdog also reads ("" when its namespace is unknown).
 	installID string
+	// heartbeat is the Lease the leader renews while its informers see the cluster (empty when
+	// the namespace is unknown); identity names this process in it.
+	heartbeat types.NamespacedName
+	identity  string
 	probes    *probes
 }
 
@@ -348,11 +360,19 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if ctx.Err() != nil {
 		return nil
 	}
+	// The informers' own HTTP client goes through a progress tracker: a frozen informer (its list
+	// or watch refused, or silent) stops the mirror and the heartbeat. One per manager: a rebuilt
+	// manager's informers start afresh.
+	tracker := progress.New(progress.DefaultConfig())
+	cacheOpts, err := controller.WithProgress(controller.CacheOptions(o.watchNamespaces...), cfg, tracker)
+	if err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                              scheme,
 		Logger:                              base,
 		MapperProvider:                      func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
-		Cache:                               controller.CacheOptions(o.watchNamespaces...),
+		Cache:                               cacheOpts,
 		Metrics:                             metricsOpts,
 		HealthProbeBindAddress:              "0", // served by the process: see sharedParts.probes
 		LeaderElection:                      o.leaderElect,
@@ -386,9 +406,18 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 
 		StaleServiceEntryTimeout: o.staleServiceEntryTimeout,
 		InstallID:                shared.installID,
+		Progress:                 tracker,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)
+	}
+	if shared.heartbeat.Name != "" {
+		if err := mgr.Add(&controller.Heartbeat{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Lease: shared.heartbeat, Identity: shared.identity,
+			Interval: controller.DefaultHeartbeatInterval, Progress: tracker, Logger: base.WithName("heartbeat"),
+		}); err != nil {
+			return fmt.Errorf("add the heartbeat: %w", err)
+		}
 	}
 	if shared.source == nil {
 		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
@@ -439,10 +468,6 @@ func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error
 	if err != nil {
 		return nil, err
 	}
-	host, err := os.Hostname()
-	if err != nil {
-		return nil, fmt.Errorf("read the host name for the leader identity: %w", err)
-	}
 	lockCfg := rest.AddUserAgent(rest.CopyConfig(cfg), "leader-election")
 	// A hung request must not cost the lease: bound each below the renew deadline, as
 	// controller-runtime does for its own lock.
@@ -454,8 +479,18 @@ func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error
 	return &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: o.leaderElectionID},
 		Client:     coordination,
-		LockConfig: resourcelock.ResourceLockConfig{Identity: host + "_" + string(uuid.NewUUID())},
+		LockConfig: resourcelock.ResourceLockConfig{Identity: processIdentity()},
 	}, nil
+}
+
+// processIdentity names this process in the leader and heartbeat Leases: its host name (the
+// pod's) and a random suffix.
+func processIdentity() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + "_" + string(uuid.NewUUID())
 }
 
 // probes answers /healthz (the process is alive) and /readyz (the current manager's caches are

@@ -6,10 +6,11 @@
 // progress: a list that completed, or any data (an event or a bookmark) on a watch. A failed list
 // or watch, or silence longer than the API server's bookmark period allows, makes it blind.
 //
-// It also cuts a list or watch that has delivered nothing for SilenceLimit: the informer then
-// lists again, which repairs a single wedged stream and proves whether the API server still
-// answers. The API server sends every watch a bookmark each minute, so a healthy watch is never
-// that silent.
+// It also cuts a list or watch that has delivered nothing for SilenceLimit: a cut watch ends as if
+// the API server had closed it, so the informer watches again from where it stopped, which
+// repairs a single wedged stream; a cut list fails, so the informer lists again. The API server
+// sends every watch a bookmark each minute, so a healthy watch is never that silent, and a watch
+// that wedges again makes no progress: its informer turns blind after BlindAfter.
 package progress
 
 import (
@@ -31,7 +32,8 @@ type Config struct {
 	// SilenceLimit is how long a list or watch may deliver nothing before it is cut.
 	SilenceLimit time.Duration
 	// BlindAfter is how long an informer may make no progress, without any failed request,
-	// before it counts as blind: longer than SilenceLimit plus the list that a cut causes.
+	// before it counts as blind: longer than SilenceLimit plus the API server's bookmark period,
+	// so that a watch started after a cut has had its first bookmark.
 	BlindAfter time.Duration
 	// ErrorGrace is how long a failed list or watch may go unrepaired (the informer retries
 	// with back-off) before its informer counts as blind.
@@ -41,9 +43,9 @@ type Config struct {
 }
 
 // DefaultConfig: kube-apiserver sends a bookmark to every watch each minute, so 90 s of silence
-// means a wedged stream; a cut is followed by a list within a second or so, so 3 min without
-// progress means the informer cannot list either; a failure not repaired by the informer's first
-// retries (0.8 s, 1.6 s, 3.2 s) within 5 s is more than a blip.
+// means a wedged stream; the watch that replaces a cut one has its first bookmark within a minute,
+// so 3 min without progress means the informer no longer gets data; a failure not repaired by the
+// informer's first retries (0.8 s, 1.6 s, 3.2 s) within 5 s is more than a blip.
 func DefaultConfig() Config {
 	return Config{SilenceLimit: 90 * time.Second, BlindAfter: 3 * time.Minute, ErrorGrace: 5 * time.Second}
 }
@@ -58,6 +60,7 @@ type Tracker struct {
 }
 
 type informer struct {
+	resource     string
 	firstSeen    time.Time
 	lastProgress time.Time // zero until a list completes or a watch delivers data
 	errorSince   time.Time // the first failure since lastProgress; zero when none
@@ -96,8 +99,12 @@ func (t *Tracker) Config() Config { return t.cfg }
 
 // Blindness is one informer that no longer sees the cluster.
 type Blindness struct {
-	// Informer names the resource (and namespace) the informer lists and watches.
+	// Informer names the resource (and namespace) the informer lists and watches:
+	// "endpointslices.discovery.k8s.io in shop".
 	Informer string
+	// Resource is the informer's resource and group without the namespace:
+	// "endpointslices.discovery.k8s.io", "pods".
+	Resource string
 	// Since is when it stopped seeing: its first failed request since it last made progress, or,
 	// without a failure, when it last made progress.
 	Since time.Time
@@ -122,11 +129,11 @@ func (t *Tracker) Blind() []Blindness {
 		}
 		switch {
 		case !inf.errorSince.IsZero() && now.Sub(inf.errorSince) >= t.cfg.ErrorGrace:
-			out = append(out, Blindness{Informer: key, Since: inf.errorSince, Cause: inf.lastError})
+			out = append(out, Blindness{Informer: key, Resource: inf.resource, Since: inf.errorSince, Cause: inf.lastError})
 		case now.Sub(last) >= t.cfg.BlindAfter:
-			out = append(out, Blindness{Informer: key, Since: last, Cause: fmt.Sprintf(
-				"nothing received for %v (no list completed, no event and no bookmark on its watch, though the API server sends one every minute)",
-				now.Sub(last).Round(time.Second))})
+			out = append(out, Blindness{Informer: key, Resource: inf.resource, Since: last, Cause: fmt.Sprintf(
+				"nothing received for longer than %v (no list completed, no event and no bookmark on its watch, though the API server sends one every minute)",
+				t.cfg.BlindAfter)})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -138,8 +145,9 @@ func (t *Tracker) Blind() []Blindness {
 	return out
 }
 
-// CutSilent cuts every list or watch that has delivered nothing for SilenceLimit: its reader
-// gets an error and its informer lists again. It returns the informers cut.
+// CutSilent cuts every list or watch that has delivered nothing for SilenceLimit: the reader of
+// a watch gets the end of the stream, as when the API server closes it, and watches again; a list
+// fails. It returns the informers cut.
 func (t *Tracker) CutSilent() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -181,17 +189,16 @@ type transport struct {
 	next http.RoundTripper
 }
 
-// errCut is what the reader of a cut stream gets. Not an EOF: the informer must treat it as a
-// failed watch, which makes it list again.
-var errCut = errors.New("adaptive-lb cut this list or watch: it delivered nothing for longer than the API server's bookmark period allows")
+// errCut fails a list or watch cut before the API server answered.
+var errCut = errors.New("adaptive-lb cut this list or watch: the API server sent nothing for longer than its bookmark period allows")
 
 func (rt *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	key, ok := informerKey(req)
+	key, resource, ok := informerKey(req)
 	if !ok {
 		return rt.next.RoundTrip(req)
 	}
 	ctx, cancel := context.WithCancel(req.Context())
-	s := rt.t.begin(key, req.URL.Query().Get("watch"), cancel)
+	s := rt.t.begin(key, resource, req.URL.Query().Get("watch"), cancel)
 	resp, err := rt.next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		cut := rt.t.end(s)
@@ -214,12 +221,12 @@ func (rt *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-func (t *Tracker) begin(key, watch string, cancel context.CancelFunc) *stream {
+func (t *Tracker) begin(key, resource, watch string, cancel context.CancelFunc) *stream {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.cfg.Now()
 	if _, ok := t.informers[key]; !ok {
-		t.informers[key] = &informer{firstSeen: now}
+		t.informers[key] = &informer{resource: resource, firstSeen: now}
 	}
 	s := &stream{key: key, watch: watch == "true" || watch == "1", lastData: now, cancel: cancel}
 	t.streams[s] = struct{}{}
@@ -273,6 +280,9 @@ type trackedBody struct {
 func (b *trackedBody) Read(p []byte) (int, error) {
 	n, err := b.body.Read(p)
 	if b.t.isCut(b.s) {
+		if b.s.watch {
+			return 0, io.EOF // a watch the API server ended: the informer watches again
+		}
 		return 0, errCut
 	}
 	if n > 0 || errors.Is(err, io.EOF) {
@@ -320,11 +330,11 @@ func statusMessage(resp *http.Response) string {
 }
 
 // informerKey names the informer a request belongs to: the resource, group and namespace of a
-// GET of a collection (a list or a watch), e.g. "endpointslices.discovery.k8s.io in shop". It
-// returns false for any other request.
-func informerKey(req *http.Request) (string, bool) {
+// GET of a collection (a list or a watch), e.g. "endpointslices.discovery.k8s.io in shop", and
+// the resource alone ("endpointslices.discovery.k8s.io"). It returns false for any other request.
+func informerKey(req *http.Request) (key, resource string, ok bool) {
 	if req.Method != http.MethodGet {
-		return "", false
+		return "", "", false
 	}
 	parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
 	var group string
@@ -335,23 +345,23 @@ func informerKey(req *http.Request) (string, bool) {
 	case len(parts) >= 4 && parts[0] == "apis":
 		group, rest = parts[1], parts[3:]
 	default:
-		return "", false
+		return "", "", false
 	}
-	resource, namespace := "", ""
+	namespace := ""
 	switch {
 	case len(rest) == 1:
 		resource = rest[0]
 	case len(rest) == 3 && rest[0] == "namespaces":
 		namespace, resource = rest[1], rest[2]
 	default:
-		return "", false
+		return "", "", false
 	}
-	key := resource
 	if group != "" {
-		key += "." + group
+		resource += "." + group
 	}
+	key = resource
 	if namespace != "" {
 		key += " in " + namespace
 	}
-	return key, true
+	return key, resource, true
 }
