@@ -92,8 +92,14 @@ func TestDeletion_ForegroundDeletionDoesNotRecreateTheServiceEntry(t *testing.T)
 		return nil
 	})
 	const hold = "test.adaptivelb.io/hold"
-	alb.Finalizers = append(alb.Finalizers, hold)
-	if err := k8s.Update(f.ctx, alb); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error { // the operator writes the status meanwhile
+		if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(alb), alb); err != nil {
+			return err
+		}
+		alb.Finalizers = append(alb.Finalizers, hold)
+		return k8s.Update(f.ctx, alb)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := k8s.Delete(f.ctx, alb, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
@@ -122,7 +128,7 @@ func TestDeletion_ForegroundDeletionDoesNotRecreateTheServiceEntry(t *testing.T)
 	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
 		t.Fatalf("the ServiceEntry came back while its owner was being deleted (err %v)", err)
 	}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		marked := &adlbv1.AdaptiveLoadBalancer{}
 		if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(alb), marked); err != nil {
 			return err
@@ -176,14 +182,28 @@ func TestDeletion_DeletingTheNamespaceRemovesEverything(t *testing.T) {
 	if err := k8s.Delete(f.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: f.ns}}); err != nil {
 		t.Fatal(err)
 	}
+	// The kubelet's part: once the namespace controller has deleted the pod, its containers
+	// stop and the pod goes (here no kubelet runs, so the test removes it).
+	f.eventually("the namespace controller deletes the pod", func() error {
+		p := &corev1.Pod{}
+		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web-1"}, p); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if p.DeletionTimestamp.IsZero() {
+			return errNotYet
+		}
+		return nil
+	})
+	f.forceDeletePod("web-1")
 	deadline := time.Now().Add(2 * time.Minute) // the namespace controller's discovery and deletes, on a busy machine
 	for {
-		err := k8s.Get(f.ctx, types.NamespacedName{Name: f.ns}, &corev1.Namespace{})
+		ns := &corev1.Namespace{}
+		err := k8s.Get(f.ctx, types.NamespacedName{Name: f.ns}, ns)
 		if apierrors.IsNotFound(err) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("namespace %s still exists (err %v)", f.ns, err)
+			t.Fatalf("namespace %s still exists (err %v): %+v", f.ns, err, ns.Status.Conditions)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -33,6 +33,14 @@ func TestMirror_ServiceEntryMatchesTheServiceExactly(t *testing.T) {
 	f.service("web", slicesByController)
 	f.pod("web", "web-1", "10.1.0.1")
 	f.pod("web", "web-2", "10.1.0.2")
+	// Both in the slice before the first mirror, so that the status lists both at once (a later
+	// endpoint-only status change waits for the status throttle).
+	f.eventually("the controller's slice lists both pods", func() error {
+		if got := f.slicePods("web"); strings.Join(got, ",") != "web-1,web-2" {
+			return fmt.Errorf("slices list %v", got)
+		}
+		return nil
+	})
 	alb := f.alb("web", "web")
 
 	se := f.waitForAddresses("web", "10.1.0.1", "10.1.0.2")
