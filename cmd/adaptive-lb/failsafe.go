@@ -218,32 +218,37 @@ func (w *watchdog) check(ctx context.Context) {
 	w.fellBack = true
 }
 
-// installSelectors select the ServiceEntries this watchdog deletes: the managed ones labelled
-// with its installation (its Lease), and the managed ones without an installation label, which
-// an operator older than that label wrote. Those may be another installation's still on an old
-// version; deleting one of them is safe (the mesh falls back to the Kubernetes endpoints and its
-// live operator re-creates it at once), keeping a dead installation's forever is not. An upgraded
-// operator stamps its label on each of its ServiceEntries with that one's next write (not all at
-// once at the upgrade), and on every one it re-creates.
-func (w *watchdog) installSelectors() []labels.Selector {
+// installSelectors select the ServiceEntries of installation installID: the managed ones labelled
+// with it, and the managed ones without an installation label, which an operator older than that
+// label wrote. Those may be another installation's still on an old version; deleting one of them
+// is safe (the mesh falls back to the Kubernetes endpoints and its live operator re-creates it at
+// once), keeping a dead installation's forever is not. An upgraded operator stamps its label on
+// each of its ServiceEntries with that one's next write (not all at once at the upgrade), and on
+// every one it re-creates.
+func installSelectors(installID string) []labels.Selector {
 	managed, _ := labels.NewRequirement(controller.ManagedByLabel, selection.Equals, []string{controller.ManagedByValue})
-	mine, _ := labels.NewRequirement(controller.InstallLabel, selection.Equals, []string{controller.InstallID(w.lease.Namespace, w.lease.Name)})
+	mine, _ := labels.NewRequirement(controller.InstallLabel, selection.Equals, []string{installID})
 	legacy, _ := labels.NewRequirement(controller.InstallLabel, selection.DoesNotExist, nil)
 	return []labels.Selector{labels.NewSelector().Add(*managed, *mine), labels.NewSelector().Add(*managed, *legacy)}
 }
 
-// deleteManaged deletes the ServiceEntries of this installation (installSelectors), in the
-// watched namespaces.
+// deleteManaged deletes the ServiceEntries of this watchdog's installation, in the watched
+// namespaces.
 func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
-	namespaces := w.namespaces
+	return deleteInstallationServiceEntries(ctx, w.client, controller.InstallID(w.lease.Namespace, w.lease.Name), w.namespaces)
+}
+
+// deleteInstallationServiceEntries deletes the ServiceEntries of installation installID
+// (installSelectors) in namespaces (all when empty).
+func deleteInstallationServiceEntries(ctx context.Context, c client.Client, installID string, namespaces []string) (int, error) {
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
 	deleted := 0
 	var errs []error
 	for _, ns := range namespaces {
-		for _, sel := range w.installSelectors() {
-			n, err := w.deleteSelected(ctx, ns, sel)
+		for _, sel := range installSelectors(installID) {
+			n, err := deleteSelected(ctx, c, ns, sel)
 			deleted += n
 			if err != nil {
 				errs = append(errs, err)
@@ -254,10 +259,10 @@ func (w *watchdog) deleteManaged(ctx context.Context) (int, error) {
 }
 
 // deleteSelected deletes the ServiceEntries sel selects in ns.
-func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Selector) (int, error) {
+func deleteSelected(ctx context.Context, c client.Client, ns string, sel labels.Selector) (int, error) {
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(serviceEntryListGVK)
-	if err := w.client.List(ctx, list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := c.List(ctx, list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return 0, fmt.Errorf("list ServiceEntries %s in %q: %w", sel, ns, err)
 	}
 	deleted := 0
@@ -265,7 +270,7 @@ func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Sel
 	for i := range list.Items {
 		se := &list.Items[i]
 		se.SetGroupVersionKind(serviceEntryGVK)
-		if err := w.client.Delete(ctx, se, client.Preconditions{UID: ptr.To(se.UID)}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		if err := c.Delete(ctx, se, client.Preconditions{UID: ptr.To(se.UID)}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			errs = append(errs, fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err))
 			continue
 		}

@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -354,7 +355,14 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	shared.probes.setReady(func(*http.Request) error {
 		return errors.New("waiting for the AdaptiveLoadBalancer CRD")
 	})
-	if err := waitForOwnCRD(ctx, mapper, logger); err != nil {
+	sweep := func(ctx context.Context) (int, error) {
+		c, err := client.New(cfg, client.Options{Scheme: scheme, HTTPClient: httpClient, Mapper: mapper})
+		if err != nil {
+			return 0, err
+		}
+		return deleteInstallationServiceEntries(ctx, c, shared.installID, o.watchNamespaces)
+	}
+	if err := waitForOwnCRD(ctx, mapper, logger, ownCRDGoneAfter, sweep); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
@@ -363,7 +371,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	// The informers' own HTTP client goes through a progress tracker: a frozen informer (its list
 	// or watch refused, or silent) stops the mirror and the heartbeat. One per manager: a rebuilt
 	// manager's informers start afresh.
-	tracker := progress.New(progress.DefaultConfig())
+	tracker := controller.NewInformerProgress(progress.DefaultConfig())
 	cacheOpts, err := controller.WithProgress(controller.CacheOptions(o.watchNamespaces...), cfg, tracker)
 	if err != nil {
 		return err
@@ -542,11 +550,22 @@ func (p *probes) serve(addr string, logger logr.Logger) (func(), error) {
 	}, nil
 }
 
+// ownCRDGoneAfter is how long the AdaptiveLoadBalancer CRD must stay missing before the operator
+// deletes its installation's ServiceEntries: a restarted API server serves discovery for CRDs
+// only once it has loaded them, which takes seconds, not a minute.
+const ownCRDGoneAfter = time.Minute
+
 // waitForOwnCRD waits, logging what to do, while the AdaptiveLoadBalancer CRD is missing (an
-// install applied in the wrong order): crash-looping would not install it any sooner. The
-// probes are served meanwhile: alive, not ready.
-func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logger) error {
+// install applied in the wrong order, or the CRD deleted): crash-looping would not install it any
+// sooner. The probes are served meanwhile: alive, not ready. Once it has been missing for
+// goneAfter, it calls sweep, once: without the CRD no AdaptiveLoadBalancer exists, so every
+// ServiceEntry the installation wrote is an orphan that nothing would update again (the garbage
+// collector deletes them with the AdaptiveLoadBalancers when it runs and knows their kind; this
+// covers an operator that was down at the time, with the collector behind or absent).
+func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logger, goneAfter time.Duration, sweep func(context.Context) (int, error)) error {
 	gk := schema.GroupKind{Group: adlbv1.GroupVersion.Group, Kind: "AdaptiveLoadBalancer"}
+	missingSince := time.Now()
+	swept := false
 	for {
 		_, err := mapper.RESTMapping(gk, adlbv1.GroupVersion.Version)
 		if err == nil {
@@ -556,6 +575,17 @@ func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logg
 			return fmt.Errorf("look up the AdaptiveLoadBalancer API: %w", err)
 		}
 		logger.Error(err, "the AdaptiveLoadBalancer CRD is not installed; apply charts/adaptive-lb/crds/ (or config/crd/bases/). Waiting for it.")
+		if !swept && time.Since(missingSince) >= goneAfter {
+			swept = true
+			n, err := sweep(ctx)
+			if err != nil {
+				swept = false // retried at the next check
+				logger.Error(err, "cannot delete the ServiceEntries left without their CRD; retrying")
+			} else {
+				logger.Info("the AdaptiveLoadBalancer CRD has been missing for a while: deleted this installation's ServiceEntries, which no AdaptiveLoadBalancer can own; traffic uses the Kubernetes endpoints",
+					"missingFor", goneAfter, "deleted", n)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil

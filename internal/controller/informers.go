@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -25,6 +27,19 @@ var mirrorInformers = []string{
 	"pods",
 	"nodes",
 	"serviceentries.networking.istio.io",
+}
+
+// NewInformerProgress returns a tracker for the operator's informers with cfg, describing a
+// failed list or watch by the API server's message, in JSON or protobuf.
+func NewInformerProgress(cfg progress.Config) *progress.Tracker {
+	cfg.Describe = func(_ int, _ string, body []byte) string {
+		obj, _, err := clientgoscheme.Codecs.UniversalDeserializer().Decode(body, nil, nil)
+		if status, ok := obj.(*metav1.Status); err == nil && ok {
+			return status.Message
+		}
+		return ""
+	}
+	return progress.New(cfg)
 }
 
 // WithProgress routes the informers of opts through tracker: their lists and watches get an HTTP

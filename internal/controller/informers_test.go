@@ -154,7 +154,7 @@ func newIsolatedCluster(t *testing.T) *isolatedCluster {
 		t.Fatal(err)
 	}
 
-	c := &isolatedCluster{fixture: newFixtureOn(t, admin), tracker: progress.New(isolatedLimits)}
+	c := &isolatedCluster{fixture: newFixtureOn(t, admin), tracker: NewInformerProgress(isolatedLimits)}
 	opCfg := rest.CopyConfig(cfg)
 	opCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		c.wedge = &wedge{next: rt, resource: "endpointslices"}

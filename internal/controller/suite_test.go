@@ -221,7 +221,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	opCfg.QPS, opCfg.Burst = 200, 400 // the run command's defaults
 	// The informers' progress is tracked as in the operator; the defaults never take a healthy
 	// informer for a blind one (the API server sends every watch a bookmark each minute).
-	suiteProgress = progress.New(progress.DefaultConfig())
+	suiteProgress = NewInformerProgress(progress.DefaultConfig())
 	cacheOpts, err := WithProgress(CacheOptions(), opCfg, suiteProgress)
 	if err != nil {
 		return err

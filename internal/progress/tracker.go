@@ -40,6 +40,10 @@ type Config struct {
 	ErrorGrace time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Describe says what a failed list or watch answered, from its status and body (at most
+	// 64 KiB); nil reads a JSON Status's message. The API server answers informers that ask for
+	// protobuf in protobuf, which a caller with its codecs can decode.
+	Describe func(status int, contentType string, body []byte) string
 }
 
 // DefaultConfig: kube-apiserver sends a bookmark to every watch each minute, so 90 s of silence
@@ -213,7 +217,7 @@ func (rt *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		rt.t.end(s)
-		rt.t.failed(key, statusMessage(resp))
+		rt.t.failed(key, rt.t.describe(resp))
 		resp.Body = &closer{ReadCloser: resp.Body, onClose: cancel}
 		return resp, nil
 	}
@@ -309,24 +313,33 @@ func (c *closer) Close() error {
 	return c.ReadCloser.Close()
 }
 
-// statusMessage is the API server's message for a failed request ("... is forbidden: ..."), or
-// the HTTP status. The body is put back for the caller.
-func statusMessage(resp *http.Response) string {
+// describe is the API server's message for a failed request ("... is forbidden: ...") with the
+// HTTP status, or the status alone. The body is put back for the caller.
+func (t *Tracker) describe(resp *http.Response) string {
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	rest := resp.Body
 	resp.Body = struct {
 		io.Reader
 		io.Closer
 	}{io.MultiReader(bytes.NewReader(data), rest), rest}
-	if err == nil {
+	if err != nil {
+		return "HTTP " + resp.Status
+	}
+	msg := ""
+	if t.cfg.Describe != nil {
+		msg = t.cfg.Describe(resp.StatusCode, resp.Header.Get("Content-Type"), data)
+	} else {
 		var status struct {
 			Message string `json:"message"`
 		}
-		if json.Unmarshal(data, &status) == nil && status.Message != "" {
-			return fmt.Sprintf("%s (HTTP %d)", status.Message, resp.StatusCode)
+		if json.Unmarshal(data, &status) == nil {
+			msg = status.Message
 		}
 	}
-	return "HTTP " + resp.Status
+	if msg == "" {
+		return "HTTP " + resp.Status
+	}
+	return fmt.Sprintf("%s (HTTP %d)", msg, resp.StatusCode)
 }
 
 // informerKey names the informer a request belongs to: the resource, group and namespace of a
