@@ -11,6 +11,7 @@ import (
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -308,5 +310,82 @@ func TestOperations_UninstallWithTheCRDDeleted(t *testing.T) {
 	}
 	if len(left.Items) > 0 {
 		t.Fatalf("%d managed ServiceEntries left after the uninstall", len(left.Items))
+	}
+}
+
+// refuseServiceEntryWrites makes the API server refuse every create and update of a
+// ServiceEntry (an admission policy, as a cluster admin could add) and waits until it does.
+func (c *opsCluster) refuseServiceEntryWrites() {
+	c.t.Helper()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "refuse-se-writes"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"networking.istio.io"}, APIVersions: []string{"*"}, Resources: []string{"serviceentries"}},
+				}}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "ServiceEntry writes are refused by a test policy"}},
+		}}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: "refuse-se-writes"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}}}
+	c.create(policy)
+	c.create(binding)
+	c.waitFor("the API server enforces the policy", func() bool {
+		se := &networkingv1.ServiceEntry{}
+		if err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web"}, se); err != nil {
+			return false
+		}
+		se.Labels["probe"] = "x"
+		err := c.admin.Update(c.ctx, se, client.DryRunAll)
+		return err != nil && strings.Contains(err.Error(), "test policy")
+	})
+}
+
+// The stale deadline is a fact about the ServiceEntry, not about one leader's memory. Its mirror
+// starts failing (writes refused by a policy), and leadership then moves twice within the stale
+// timeout, as it does under an API brownout: the ServiceEntry is deleted as the first failure's
+// deadline says, and the StaleServiceEntryRemoved condition gives the failures' start as the
+// first leader saw it (EndpointsMirrored's lastTransitionTime), not a later leader's first look.
+func TestOperations_TheStaleDeadlineSurvivesLeaderChanges(t *testing.T) {
+	c := newOpsCluster(t)
+	timeout := []string{"--stale-serviceentry-timeout", e2eStaleTimeout.String()}
+	c.setReady(3)
+	c.createALB()
+	stopA, logsA := c.start("A", true, timeout...)
+	c.waitForEndpoints(3, logsA)
+	stopB, logsB := c.start("B", true, timeout...)
+	defer stopB()
+	c.refuseServiceEntryWrites()
+
+	c.setReady(2) // A cannot write it
+	var failing *metav1.Condition
+	c.waitFor("A reports the failed write", func() bool {
+		failing = c.condition(adlbv1.ConditionEndpointsMirrored)
+		return failing != nil && failing.Reason == adlbv1.ReasonWriteFailed
+	}, logsA)
+	began := failing.LastTransitionTime.UTC().Format(time.RFC3339)
+
+	// Two graceful handovers: A to B, then B to C, each a new leader with an empty memory
+	// (normally both within the 10 s timeout; on a slow machine B may delete first, which the
+	// check below judges the same way).
+	a := c.holder()
+	stopA()
+	c.waitFor("B leads", func() bool { h := c.holder(); return h != "" && h != a }, logsB)
+	b := c.holder()
+	stopC, logsC := c.start("C", true, timeout...)
+	defer stopC()
+	time.Sleep(2 * time.Second) // C's caches sync as a standby
+	stopB()
+	c.waitFor("C leads", func() bool { h := c.holder(); return h != "" && h != b }, logsC)
+
+	c.waitFor("the stale ServiceEntry is deleted", c.serviceEntryGone, logsB, logsC)
+	c.waitFor("StaleServiceEntryRemoved", func() bool {
+		cond := c.condition(adlbv1.ConditionEndpointsMirrored)
+		return cond != nil && cond.Reason == adlbv1.ReasonStaleServiceEntryRemoved
+	}, logsC)
+	if cond := c.condition(adlbv1.ConditionEndpointsMirrored); !strings.Contains(cond.Message, "(since "+began+")") {
+		t.Fatalf("the failures began at %s, when A saw them; the condition says %q", began, cond.Message)
 	}
 }
