@@ -197,8 +197,10 @@ func (f *fixture) managedServiceEntry(name string, owner *metav1.OwnerReference)
 
 // A managed ServiceEntry whose AdaptiveLoadBalancer is gone (deleted with --cascade=orphan, its
 // owner reference removed, or its owner re-created as another object) would never be updated
-// again; the garbage collector never removes it either (envtest runs none, so what is tested
-// here is the operator's own cleanup). It is deleted; a properly owned one is kept.
+// again. It is deleted; a properly owned one is kept. The garbage collector (kube-controller-
+// manager runs beside the suite) deletes those whose owner reference dangles as well, so the
+// OrphanDeleted event is checked on the one without an owner reference, which only the operator
+// removes.
 func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
@@ -241,7 +243,7 @@ func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
 			return err
 		}
 		for _, e := range list.Items {
-			if e.Reason == EventOrphanDeleted && e.InvolvedObject.Name == "owner-gone" && strings.Contains(e.Message, "does not exist") {
+			if e.Reason == EventOrphanDeleted && e.InvolvedObject.Name == "no-owner" && strings.Contains(e.Message, "no AdaptiveLoadBalancer is its controller") {
 				return nil
 			}
 		}
