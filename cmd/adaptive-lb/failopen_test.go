@@ -13,10 +13,8 @@ import (
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -86,19 +84,7 @@ func newE2ECluster(t *testing.T) (*opsCluster, *testtools.Proxy) {
 // setPodReady sets a pod's Ready condition, as its kubelet would.
 func (c *opsCluster) setPodReady(name string, ready bool) {
 	c.t.Helper()
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		p := &corev1.Pod{}
-		if err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: name}, p); err != nil {
-			return err
-		}
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
-		return c.admin.Status().Update(c.ctx, p)
-	})
-	if err != nil {
+	if err := testtools.SetPodReady(c.ctx, c.admin, types.NamespacedName{Namespace: opsApp, Name: name}, ready); err != nil {
 		c.t.Fatal(err)
 	}
 }
@@ -175,17 +161,11 @@ func (c *opsCluster) condition(condType string) *metav1.Condition {
 // leaseRenewed reads a Lease's renew time in the operator's namespace.
 func (c *opsCluster) leaseRenewed(name string) time.Time {
 	c.t.Helper()
-	lease := &coordinationv1.Lease{}
-	if err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: operatorNamespace, Name: name}, lease); err != nil {
-		if apierrors.IsNotFound(err) {
-			return time.Time{}
-		}
+	renewed, err := testtools.LeaseRenewTime(c.ctx, c.admin, types.NamespacedName{Namespace: operatorNamespace, Name: name})
+	if err != nil {
 		c.t.Fatal(err)
 	}
-	if lease.Spec.RenewTime == nil {
-		return time.Time{}
-	}
-	return lease.Spec.RenewTime.Time
+	return renewed
 }
 
 // waitWithin polls cond until it holds or within has passed since from, and fails the test then:
@@ -237,9 +217,12 @@ func TestOperations_AnOperatorThatCanNoLongerWatchEndpointSlicesFallsBack(t *tes
 	// Documented: the stale timeout after the first refused list, plus the 5 s in which the
 	// informer's retries may repair it (and slack for a loaded machine).
 	c.waitWithin("the operator deletes its ServiceEntry", revoked, e2eStaleTimeout+5*time.Second+30*time.Second, c.serviceEntryGone, logs)
-	if cond := c.condition(adlbv1.ConditionReady); cond == nil || cond.Reason != adlbv1.ReasonStaleServiceEntryRemoved ||
-		!strings.Contains(cond.Message, "endpointslices") || !strings.Contains(cond.Message, "forbidden") {
-		t.Fatalf("Ready is %+v, want StaleServiceEntryRemoved naming the EndpointSlice informer's refused list", cond)
+	c.waitFor("Ready says StaleServiceEntryRemoved (the status follows the deletion)", func() bool {
+		cond := c.condition(adlbv1.ConditionReady)
+		return cond != nil && cond.Reason == adlbv1.ReasonStaleServiceEntryRemoved
+	}, logs)
+	if cond := c.condition(adlbv1.ConditionReady); !strings.Contains(cond.Message, "endpointslices") || !strings.Contains(cond.Message, "forbidden") {
+		t.Fatalf("Ready's message %q does not name the EndpointSlice informer's refused list", cond.Message)
 	}
 	restore()
 	c.waitFor("the operator re-creates the ServiceEntry with the current endpoints", func() bool {

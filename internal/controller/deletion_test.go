@@ -21,15 +21,18 @@ import (
 // (kube-controller-manager beside the suite's API server), and check what becomes of the
 // ServiceEntries and that the operator does not bring one back.
 
-// mirroredService creates Service web with one ready pod (the real EndpointSlice controller
-// writes its slices) and an AdaptiveLoadBalancer for it, and waits for its ServiceEntry.
-func (f *fixture) mirroredService(ip string) *adlbv1.AdaptiveLoadBalancer {
+// mirroredService creates Service web with a ready pod web-1, web-2, … at each of ips (the real
+// EndpointSlice controller writes its slices) and an AdaptiveLoadBalancer for it, and waits for
+// its ServiceEntry.
+func (f *fixture) mirroredService(ips ...string) *adlbv1.AdaptiveLoadBalancer {
 	f.t.Helper()
 	f.node("node-a", "eu-west", "eu-west-1a")
 	f.service("web", slicesByController)
-	f.pod("web", "web-1", ip)
+	for i, ip := range ips {
+		f.pod("web", fmt.Sprintf("web-%d", i+1), ip)
+	}
 	alb := f.alb("web", "web")
-	f.waitForAddresses("web", ip)
+	f.waitForAddresses("web", ips...)
 	return alb
 }
 

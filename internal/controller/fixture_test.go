@@ -17,11 +17,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 var nsCounter atomic.Int64
@@ -152,19 +152,7 @@ func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.P
 // starts or stops passing.
 func (f *fixture) setPodReady(name string, ready bool) {
 	f.t.Helper()
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		p := &corev1.Pod{}
-		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, p); err != nil {
-			return err
-		}
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}
-		return f.c.Status().Update(f.ctx, p)
-	})
-	if err != nil {
+	if err := testtools.SetPodReady(f.ctx, f.c, types.NamespacedName{Namespace: f.ns, Name: name}, ready); err != nil {
 		f.t.Fatal(err)
 	}
 }

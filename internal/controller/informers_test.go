@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -244,17 +243,11 @@ func (c *isolatedCluster) keepBusy() {
 // heartbeatRenewed reports the heartbeat Lease's renew time.
 func (c *isolatedCluster) heartbeatRenewed() time.Time {
 	c.t.Helper()
-	lease := &coordinationv1.Lease{}
-	if err := c.c.Get(c.ctx, c.heartbeat, lease); err != nil {
-		if apierrors.IsNotFound(err) {
-			return time.Time{}
-		}
+	renewed, err := testtools.LeaseRenewTime(c.ctx, c.c, c.heartbeat)
+	if err != nil {
 		c.t.Fatal(err)
 	}
-	if lease.Spec.RenewTime == nil {
-		return time.Time{}
-	}
-	return lease.Spec.RenewTime.Time
+	return renewed
 }
 
 // A watch that stays open and delivers nothing (here: only the EndpointSlice watch that is open
@@ -264,12 +257,11 @@ func (c *isolatedCluster) heartbeatRenewed() time.Time {
 // removed the ServiceEntry.
 func TestInformers_AWedgedWatchIsCutAndTheMirrorFollowsAgain(t *testing.T) {
 	c := newIsolatedCluster(t)
-	c.node("node-a", "eu-west", "eu-west-1a")
-	c.service("web", slicesByController)
-	c.pod("web", "web-1", "10.50.0.1")
-	c.pod("web", "web-2", "10.50.0.2")
-	c.alb("web", "web")
-	se := c.waitForAddresses("web", "10.50.0.1", "10.50.0.2")
+	c.mirroredService("10.50.0.1", "10.50.0.2")
+	se, err := c.serviceEntry("web")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	c.wedge.arm(false, true)
 	c.setPodReady("web-2", false)
@@ -293,12 +285,7 @@ func TestInformers_AWedgedWatchIsCutAndTheMirrorFollowsAgain(t *testing.T) {
 // current endpoints and the heartbeat resumes.
 func TestInformers_AnInformerThatCannotListRemovesTheServiceEntries(t *testing.T) {
 	c := newIsolatedCluster(t)
-	c.node("node-a", "eu-west", "eu-west-1a")
-	c.service("web", slicesByController)
-	c.pod("web", "web-1", "10.51.0.1")
-	c.pod("web", "web-2", "10.51.0.2")
-	c.alb("web", "web")
-	c.waitForAddresses("web", "10.51.0.1", "10.51.0.2")
+	c.mirroredService("10.51.0.1", "10.51.0.2")
 	c.eventually("the heartbeat is renewed", func() error {
 		if c.heartbeatRenewed().IsZero() {
 			return errNotYet
