@@ -41,7 +41,7 @@ fi
 
 kcm_stamp=$(cat "$here/envtest/kube-controller-manager/go.mod" "$here/envtest/kube-controller-manager/go.sum" | sha256sum | cut -d' ' -f1)
 if [[ ! -x "$dest/kube-controller-manager" || ! -f "$dest/.stamp-kube-controller-manager" || "$(cat "$dest/.stamp-kube-controller-manager")" != "$kcm_stamp" ]]; then
-  echo "Building kube-controller-manager $kcm_version into $dest (about 4 minutes after kube-apiserver, which shares most of its packages)..."
+  echo "Building kube-controller-manager $kcm_version into $dest (about 5 CPU-minutes after kube-apiserver, which shares most of its packages)..."
   (cd "$here/envtest/kube-controller-manager" && go build -trimpath -o "$dest/kube-controller-manager.tmp" k8s.io/kubernetes/cmd/kube-controller-manager)
   mv "$dest/kube-controller-manager.tmp" "$dest/kube-controller-manager"
   echo "$kcm_stamp" > "$dest/.stamp-kube-controller-manager"
