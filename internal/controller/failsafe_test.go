@@ -113,16 +113,19 @@ func TestMirror_ABlockedAdaptiveLoadBalancerRecovers(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
 	f.alb("second", "shared")
 	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonConflict)
-	// The winner goes: the loser is no longer in Conflict. envtest runs no garbage collector, so
-	// the winner's ServiceEntry stays and the loser reports it is not its own...
+	// The winner goes: the loser is no longer in Conflict. The winner's ServiceEntry goes with it
+	// (the garbage collector and the operator's owner check delete it; until then the loser
+	// reports it is not its own), and that deletion hands the Service over.
 	if err := k8s.Delete(f.ctx, first); err != nil {
 		t.Fatal(err)
 	}
-	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonServiceEntryNotOwned)
-	// ...until the collector's delete, which hands the Service over.
-	if err := k8s.Delete(f.ctx, se); err != nil {
-		t.Fatal(err)
-	}
+	f.eventually("the winner's ServiceEntry is deleted", func() error {
+		now, err := f.serviceEntry("shared")
+		if err == nil && now.UID == se.UID {
+			return errNotYet
+		}
+		return client.IgnoreNotFound(err)
+	})
 	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 	got := f.waitForAddresses("shared", "10.32.1.1")
 	if ref := metav1.GetControllerOf(got); ref == nil || ref.Name != "second" {
