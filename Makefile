@@ -5,17 +5,19 @@ SHELL := /usr/bin/env bash -o pipefail
 
 GO ?= go
 BIN_DIR ?= $(CURDIR)/bin
-# Real components the tests start on loopback (kube-apiserver, etcd, VictoriaMetrics) are built
-# from the Go module proxy once and cached here. Override to share one cache between checkouts.
+# Real components the tests start on loopback (kube-apiserver, etcd, kube-controller-manager,
+# VictoriaMetrics) are built from the Go module proxy once and cached here. Override to share one
+# cache between checkouts.
 TOOLS_DIR ?= $(CURDIR)/.cache/tools
 export TOOLS_DIR
 
 # envtest reads KUBEBUILDER_ASSETS; our VictoriaMetrics tests read ADAPTIVELB_VMSINGLE_BIN.
 KUBEBUILDER_ASSETS ?= $(TOOLS_DIR)/k8s
+ADAPTIVELB_KUBE_CONTROLLER_MANAGER_BIN ?= $(TOOLS_DIR)/k8s/kube-controller-manager
 ADAPTIVELB_VMSINGLE_BIN ?= $(TOOLS_DIR)/victoria-metrics/victoria-metrics
 ADAPTIVELB_HELM_BIN ?= $(TOOLS_DIR)/helm/helm
 ADAPTIVELB_KUSTOMIZE_BIN ?= $(TOOLS_DIR)/kustomize/kustomize
-export KUBEBUILDER_ASSETS ADAPTIVELB_VMSINGLE_BIN ADAPTIVELB_HELM_BIN ADAPTIVELB_KUSTOMIZE_BIN
+export KUBEBUILDER_ASSETS ADAPTIVELB_KUBE_CONTROLLER_MANAGER_BIN ADAPTIVELB_VMSINGLE_BIN ADAPTIVELB_HELM_BIN ADAPTIVELB_KUSTOMIZE_BIN
 
 # Generous: the envtest suites start real API servers on a 2-core machine.
 TEST_TIMEOUT ?= 40m
@@ -73,7 +75,7 @@ simulate: ## Run the simulator on its built-in seed-fib scenario.
 test-assets: envtest-assets victoriametrics helm kustomize istiod-module ## Build the real components the tests run against.
 
 .PHONY: envtest-assets
-envtest-assets: ## Build kube-apiserver and etcd for envtest into $(TOOLS_DIR)/k8s.
+envtest-assets: ## Build kube-apiserver, etcd and kube-controller-manager for the integration tests into $(TOOLS_DIR)/k8s.
 	hack/build-envtest-assets.sh "$(TOOLS_DIR)/k8s"
 
 .PHONY: istiod-module

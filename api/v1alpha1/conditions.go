@@ -32,6 +32,11 @@ const (
 	ReasonServiceEntryNotOwned = "ServiceEntryNotOwned"
 	// ReasonWriteFailed: the API server rejected or failed a ServiceEntry write; it is retried.
 	ReasonWriteFailed = "WriteFailed"
+	// ReasonCacheStale: an informer of the operator has stopped following the cluster (its
+	// list or watch is refused or fails, or it has received nothing, not even the API server's
+	// periodic bookmark); nothing is mirrored from the stale caches, and the ServiceEntry is
+	// deleted once that has lasted --stale-serviceentry-timeout.
+	ReasonCacheStale = "CacheStale"
 	// ReasonNoPorts: none of the selected ports exist on the Service.
 	ReasonNoPorts = "NoPorts"
 	// ReasonTooManyEndpoints: the ServiceEntry would exceed etcd's object size limit; it is

@@ -49,17 +49,19 @@ func newFailsafeCmd() *cobra.Command {
 	o := &failsafeOptions{}
 	cmd := &cobra.Command{
 		Use:   "failsafe",
-		Short: "Watchdog: delete the operator's ServiceEntries when no operator replica renews the leader lease",
-		Long: `failsafe runs beside the operator, sharing nothing with it but the API server. When the
-operator's leader Lease has not been renewed for --stale-after (every replica down, crash-looping or
-locked out), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by=adaptive-lb of its
+		Short: "Watchdog: delete the operator's ServiceEntries when no operator replica renews its heartbeat",
+		Long: `failsafe runs beside the operator, sharing nothing with it but the API server. The operator's
+leader renews a heartbeat Lease (<leader-election-id>-heartbeat) every 10 s while its informers follow
+the cluster. When the heartbeat has not been renewed for --stale-after (every replica down,
+crash-looping or locked out, or the leader alive but blind: a verb removed from its Role, a wedged
+watch, its CRD deleted), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by=adaptive-lb of its
 own installation (labelled adaptivelb.io/install=<lease namespace>.<lease name>, or without that
 label: written by an older operator), so the mesh falls back to the Kubernetes endpoints instead of
-keeping endpoints that go stale. Another installation's are never touched. When the operator leads
-again it re-creates them. On each deleted ServiceEntry's AdaptiveLoadBalancer it sets
+keeping endpoints that go stale. Another installation's are never touched. When the operator sees
+the cluster again it re-creates them. On each deleted ServiceEntry's AdaptiveLoadBalancer it sets
 EndpointsMirrored=False (OperatorUnavailable), so that no status claims Ready for a Service the
-operator no longer serves. It needs to read the Lease, to list and delete ServiceEntries, and to
-read AdaptiveLoadBalancers and patch their status, nothing else.
+operator no longer serves. It needs to read the two Leases, to list and delete ServiceEntries, and
+to read AdaptiveLoadBalancers and patch their status, nothing else.
 
 With --uninstall (the chart's post-delete hook) it waits until no operator holds the lease, deletes
 the managed ServiceEntries and exits.`,
@@ -78,9 +80,9 @@ the managed ServiceEntries and exits.`,
 	f := cmd.Flags()
 	f.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster config or $KUBECONFIG")
 	f.StringVar(&o.leaseNamespace, "leader-election-namespace", "", "namespace of the operator's leader Lease (default: the pod's own)")
-	f.StringVar(&o.leaseName, "leader-election-id", "adaptive-lb.adaptivelb.io", "name of the operator's leader Lease")
-	f.DurationVar(&o.staleAfter, "stale-after", 3*time.Minute, "how long the lease may go unrenewed before the managed ServiceEntries are deleted; keep it well above the operator's --leader-elect-lease-duration, which a normal failover can take")
-	f.DurationVar(&o.checkInterval, "check-interval", 15*time.Second, "how often the lease is read")
+	f.StringVar(&o.leaseName, "leader-election-id", "adaptive-lb.adaptivelb.io", "name of the operator's leader Lease; its heartbeat Lease is this name with -heartbeat")
+	f.DurationVar(&o.staleAfter, "stale-after", 3*time.Minute, "how long the operator's heartbeat may go unrenewed before the managed ServiceEntries are deleted; keep it well above the operator's --leader-elect-lease-duration, which a normal failover can take")
+	f.DurationVar(&o.checkInterval, "check-interval", 15*time.Second, "how often the heartbeat is read")
 	f.StringSliceVar(&o.namespaces, "namespaces", nil, "namespaces whose managed ServiceEntries are deleted (default: all); the operator's --watch-namespaces")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	f.BoolVar(&o.uninstall, "uninstall", false, "wait until no operator holds the lease, delete the managed ServiceEntries and exit (the chart's post-delete hook)")
@@ -128,12 +130,13 @@ func (o *failsafeOptions) run(ctx context.Context, logTo io.Writer) error {
 	w := &watchdog{
 		client: c, clock: clock.RealClock{}, logger: logger,
 		lease:      types.NamespacedName{Namespace: namespace, Name: o.leaseName},
+		heartbeat:  types.NamespacedName{Namespace: namespace, Name: controller.HeartbeatLeaseName(o.leaseName)},
 		staleAfter: o.staleAfter, namespaces: o.namespaces,
 	}
 	if o.uninstall {
 		return w.uninstall(ctx, o.checkInterval, o.uninstallTimeout)
 	}
-	logger.Info("watching the operator's leader lease", "lease", w.lease, "staleAfter", o.staleAfter, "checkInterval", o.checkInterval)
+	logger.Info("watching the operator's heartbeat", "heartbeat", w.heartbeat, "staleAfter", o.staleAfter, "checkInterval", o.checkInterval)
 	ticker := time.NewTicker(o.checkInterval)
 	defer ticker.Stop()
 	for {
@@ -146,13 +149,15 @@ func (o *failsafeOptions) run(ctx context.Context, logTo io.Writer) error {
 	}
 }
 
-// watchdog decides from the leader Lease whether any operator replica is alive, and deletes the
-// managed ServiceEntries when none has been for staleAfter.
+// watchdog decides from the operator's heartbeat Lease whether a leader is alive and sees the
+// cluster, and deletes the managed ServiceEntries when none has for staleAfter. The leader Lease
+// names the installation (installSelectors) and, at uninstall, says when the operator is gone.
 type watchdog struct {
 	client     client.Client
 	clock      clock.PassiveClock
 	logger     logr.Logger
 	lease      types.NamespacedName
+	heartbeat  types.NamespacedName
 	staleAfter time.Duration
 	namespaces []string
 
@@ -163,13 +168,13 @@ type watchdog struct {
 	fellBack   bool
 }
 
-// leaseRecord reads the Lease: its holder and renew time, "" when it does not exist.
-func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time.Time, err error) {
+// heartbeatRecord reads the heartbeat Lease: its holder and renew time, "" when it does not exist.
+func (w *watchdog) heartbeatRecord(ctx context.Context) (record string, renewed time.Time, err error) {
 	lease := &coordinationv1.Lease{}
-	if err := w.client.Get(ctx, w.lease, lease); apierrors.IsNotFound(err) {
+	if err := w.client.Get(ctx, w.heartbeat, lease); apierrors.IsNotFound(err) {
 		return "", time.Time{}, nil
 	} else if err != nil {
-		return "", time.Time{}, fmt.Errorf("read the leader Lease %s: %w", w.lease, err)
+		return "", time.Time{}, fmt.Errorf("read the operator's heartbeat Lease %s: %w", w.heartbeat, err)
 	}
 	if lease.Spec.RenewTime != nil {
 		renewed = lease.Spec.RenewTime.Time
@@ -177,7 +182,7 @@ func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time
 	return ptr.Deref(lease.Spec.HolderIdentity, "") + "@" + renewed.UTC().Format(time.RFC3339Nano), renewed, nil
 }
 
-// check reads the Lease once and deletes the managed ServiceEntries if it is stale. Staleness is
+// check reads the heartbeat once and deletes the managed ServiceEntries if it is stale. Staleness is
 // measured by this process's clock, from when it saw the record change: clock skew between the
 // operator's node and this one does not matter. Only at the first reading, a renew time already
 // older than staleAfter counts (the watchdog restarted while the operator was down), and only
@@ -185,10 +190,10 @@ func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time
 // an operator whose node runs minutes behind would look stale at the first reading.
 func (w *watchdog) check(ctx context.Context) {
 	now := w.clock.Now()
-	record, renewed, err := w.leaseRecord(ctx)
+	record, renewed, err := w.heartbeatRecord(ctx)
 	if err != nil {
 		// The API server is unreachable or refuses: no ServiceEntry can change either.
-		w.logger.Error(err, "cannot check the operator's lease; retrying")
+		w.logger.Error(err, "cannot check the operator's heartbeat; retrying")
 		return
 	}
 	if !w.seen || record != w.lastRecord {
@@ -203,51 +208,63 @@ func (w *watchdog) check(ctx context.Context) {
 	idle := now.Sub(w.lastChange)
 	if idle < w.staleAfter || !w.confirmed {
 		if w.fellBack {
-			w.logger.Info("the operator renews its lease again; it re-creates the ServiceEntries", "lease", w.lease, "record", record)
+			w.logger.Info("the operator renews its heartbeat again; it re-creates the ServiceEntries", "heartbeat", w.heartbeat, "record", record)
 			w.fellBack = false
 		}
-		w.logger.V(1).Info("leader lease fresh", "record", record, "unchangedFor", idle.Round(time.Millisecond))
+		w.logger.V(1).Info("heartbeat fresh", "record", record, "unchangedFor", idle.Round(time.Millisecond))
 		return
 	}
-	why := fmt.Sprintf("no adaptive-lb operator has renewed its leader Lease %s for %s: the fail-open watchdog deleted the ServiceEntry, so that clients use the Kubernetes endpoints, unweighted; the operator re-creates it when it runs again",
-		w.lease, idle.Round(time.Second))
+	why := fmt.Sprintf("no adaptive-lb operator has renewed its heartbeat Lease %s for %s (every replica down, or the leader blind to the cluster): the fail-open watchdog deleted the ServiceEntry, so that clients use the Kubernetes endpoints, unweighted; the operator re-creates it when it follows the cluster again",
+		w.heartbeat, idle.Round(time.Second))
 	n, err := w.deleteManaged(ctx, why)
 	if err != nil {
 		w.logger.Error(err, "deleting the managed ServiceEntries failed; retrying at the next check")
 	}
 	if n > 0 || !w.fellBack {
-		w.logger.Info("no operator has renewed the leader lease: deleted the managed ServiceEntries, the mesh uses the Kubernetes endpoints",
-			"lease", w.lease, "unrenewedFor", idle.Round(time.Second), "deleted", n)
+		w.logger.Info("no operator has renewed its heartbeat (down, or alive but no longer seeing the cluster): deleted the managed ServiceEntries, the mesh uses the Kubernetes endpoints",
+			"heartbeat", w.heartbeat, "unrenewedFor", idle.Round(time.Second), "deleted", n)
 	}
 	w.fellBack = true
 }
 
-// installSelectors select the ServiceEntries this watchdog deletes: the managed ones labelled
-// with its installation (its Lease), and the managed ones without an installation label, which
-// an operator older than that label wrote. Those may be another installation's still on an old
-// version; deleting one of them is safe (the mesh falls back to the Kubernetes endpoints and its
-// live operator re-creates it at once), keeping a dead installation's forever is not. An upgraded
-// operator stamps its label on each of its ServiceEntries with that one's next write (not all at
-// once at the upgrade), and on every one it re-creates.
-func (w *watchdog) installSelectors() []labels.Selector {
+// installSelectors select the ServiceEntries of installation installID: the managed ones labelled
+// with it, and the managed ones without an installation label, which an operator older than that
+// label wrote. Those may be another installation's still on an old version; deleting one of them
+// is safe (the mesh falls back to the Kubernetes endpoints and its live operator re-creates it at
+// once), keeping a dead installation's forever is not. An upgraded operator stamps its label on
+// each of its ServiceEntries with that one's next write (not all at once at the upgrade), and on
+// every one it re-creates.
+func installSelectors(installID string) []labels.Selector {
 	managed, _ := labels.NewRequirement(controller.ManagedByLabel, selection.Equals, []string{controller.ManagedByValue})
-	mine, _ := labels.NewRequirement(controller.InstallLabel, selection.Equals, []string{controller.InstallID(w.lease.Namespace, w.lease.Name)})
+	mine, _ := labels.NewRequirement(controller.InstallLabel, selection.Equals, []string{installID})
 	legacy, _ := labels.NewRequirement(controller.InstallLabel, selection.DoesNotExist, nil)
 	return []labels.Selector{labels.NewSelector().Add(*managed, *mine), labels.NewSelector().Add(*managed, *legacy)}
 }
 
-// deleteManaged deletes the ServiceEntries of this installation (installSelectors), in the
-// watched namespaces, and says why on the status of each one's AdaptiveLoadBalancer.
+// deleteManaged deletes the ServiceEntries of this watchdog's installation, in the watched
+// namespaces, and says why on the status of each one's AdaptiveLoadBalancer.
 func (w *watchdog) deleteManaged(ctx context.Context, why string) (int, error) {
-	namespaces := w.namespaces
+	return deleteInstallationServiceEntries(ctx, w.client, controller.InstallID(w.lease.Namespace, w.lease.Name), w.namespaces, func(se *metav1.PartialObjectMetadata) {
+		// After the deletion, which matters most: a status the watchdog may not write (an RBAC
+		// older than this rule) is logged, never a reason to keep the ServiceEntry.
+		if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, why); err != nil {
+			w.logger.Error(err, "cannot say on its AdaptiveLoadBalancer that the ServiceEntry is deleted", "serviceEntry", client.ObjectKeyFromObject(se))
+		}
+	})
+}
+
+// deleteInstallationServiceEntries deletes the ServiceEntries of installation installID
+// (installSelectors) in namespaces (all when empty), calling after (when not nil) on each
+// one deleted.
+func deleteInstallationServiceEntries(ctx context.Context, c client.Client, installID string, namespaces []string, after func(*metav1.PartialObjectMetadata)) (int, error) {
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
 	deleted := 0
 	var errs []error
 	for _, ns := range namespaces {
-		for _, sel := range w.installSelectors() {
-			n, err := w.deleteSelected(ctx, ns, sel, why)
+		for _, sel := range installSelectors(installID) {
+			n, err := deleteSelected(ctx, c, ns, sel, after)
 			deleted += n
 			if err != nil {
 				errs = append(errs, err)
@@ -258,10 +275,10 @@ func (w *watchdog) deleteManaged(ctx context.Context, why string) (int, error) {
 }
 
 // deleteSelected deletes the ServiceEntries sel selects in ns.
-func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Selector, why string) (int, error) {
+func deleteSelected(ctx context.Context, c client.Client, ns string, sel labels.Selector, after func(*metav1.PartialObjectMetadata)) (int, error) {
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(serviceEntryListGVK)
-	if err := w.client.List(ctx, list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := c.List(ctx, list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: sel}); err != nil {
 		return 0, fmt.Errorf("list ServiceEntries %s in %q: %w", sel, ns, err)
 	}
 	deleted := 0
@@ -269,15 +286,13 @@ func (w *watchdog) deleteSelected(ctx context.Context, ns string, sel labels.Sel
 	for i := range list.Items {
 		se := &list.Items[i]
 		se.SetGroupVersionKind(serviceEntryGVK)
-		if err := w.client.Delete(ctx, se, client.Preconditions{UID: ptr.To(se.UID)}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		if err := c.Delete(ctx, se, client.Preconditions{UID: ptr.To(se.UID)}); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			errs = append(errs, fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err))
 			continue
 		}
 		deleted++
-		// After the deletion, which matters most: a status the watchdog may not write (an RBAC
-		// older than this rule) is logged, never a reason to keep the ServiceEntry.
-		if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, why); err != nil {
-			w.logger.Error(err, "cannot say on its AdaptiveLoadBalancer that the ServiceEntry is deleted", "serviceEntry", client.ObjectKeyFromObject(se))
+		if after != nil {
+			after(se)
 		}
 	}
 	return deleted, errors.Join(errs...)

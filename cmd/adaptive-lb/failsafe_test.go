@@ -114,9 +114,9 @@ func TestFailsafe_DeletesStaleServiceEntriesUntilTheOperatorIsBack(t *testing.T)
 
 	stopWatchdog, watchdogLogs := c.startFailsafe("--stale-after", "6s", "--check-interval", "200ms", "--log-level", "debug")
 	defer stopWatchdog()
-	// While the operator renews its lease, the watchdog leaves its ServiceEntry alone.
-	c.waitFor("watchdog saw the lease renewed", func() bool {
-		return strings.Count(watchdogLogs.String(), "leader lease fresh") >= 10
+	// While the operator renews its heartbeat, the watchdog leaves its ServiceEntry alone.
+	c.waitFor("watchdog saw the heartbeat renewed", func() bool {
+		return strings.Count(watchdogLogs.String(), "heartbeat fresh") >= 10
 	}, watchdogLogs)
 	if c.serviceEntryGone() {
 		t.Fatalf("the watchdog deleted the ServiceEntry of a live operator:\n%s", watchdogLogs)
@@ -128,19 +128,19 @@ func TestFailsafe_DeletesStaleServiceEntriesUntilTheOperatorIsBack(t *testing.T)
 	c.waitFor("the watchdog deletes the stale ServiceEntry", c.serviceEntryGone, watchdogLogs)
 	// The log line follows the deletion.
 	c.waitFor("the deletion is logged", func() bool {
-		return strings.Contains(watchdogLogs.String(), "no operator has renewed the leader lease")
+		return strings.Contains(watchdogLogs.String(), "no operator has renewed its heartbeat")
 	}, watchdogLogs)
 
 	// The operator returns: it re-creates the ServiceEntry with the current endpoints, and the
-	// watchdog, seeing the lease renewed, leaves it.
+	// watchdog, seeing the heartbeat renewed, leaves it.
 	stopB, logsB := c.start("B", true)
 	defer stopB()
 	c.waitForEndpoints(1, logsB)
 	c.waitFor("the watchdog notices the operator is back", func() bool {
-		return strings.Contains(watchdogLogs.String(), "the operator renews its lease again")
+		return strings.Contains(watchdogLogs.String(), "the operator renews its heartbeat again")
 	}, watchdogLogs)
-	n := strings.Count(watchdogLogs.String(), "leader lease fresh")
-	c.waitFor("a few more checks", func() bool { return strings.Count(watchdogLogs.String(), "leader lease fresh") >= n+10 }, watchdogLogs)
+	n := strings.Count(watchdogLogs.String(), "heartbeat fresh")
+	c.waitFor("a few more checks", func() bool { return strings.Count(watchdogLogs.String(), "heartbeat fresh") >= n+10 }, watchdogLogs)
 	if c.serviceEntryGone() {
 		t.Fatalf("the watchdog deleted the ServiceEntry after the operator came back:\n%s", watchdogLogs)
 	}
@@ -255,8 +255,8 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 	now := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakePassiveClock(now)
 	skew := 10 * time.Minute // the operator's node is this far behind
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb.adaptivelb.io", Namespace: operatorNamespace},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("op-1"), LeaseDurationSeconds: ptr.To[int32](15),
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: controller.HeartbeatLeaseName("adaptive-lb.adaptivelb.io"), Namespace: operatorNamespace},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("op-1"), LeaseDurationSeconds: ptr.To[int32](30),
 			RenewTime: &metav1.MicroTime{Time: now.Add(-skew)}}}
 	if err := admin.Create(ctx, lease); err != nil {
 		t.Fatal(err)
@@ -275,7 +275,8 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 		return err == nil
 	}
 	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
-		lease: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
+		lease:     types.NamespacedName{Namespace: operatorNamespace, Name: "adaptive-lb.adaptivelb.io"},
+		heartbeat: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
 
 	w.check(ctx)
 	if !present() {
@@ -295,7 +296,8 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 	// A watchdog that starts after the operator died: the record stays as it is, and the next
 	// check deletes.
 	w2 := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
-		lease: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
+		lease:     types.NamespacedName{Namespace: operatorNamespace, Name: "adaptive-lb.adaptivelb.io"},
+		heartbeat: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
 	w2.check(ctx)
 	clk.SetTime(now.Add(30 * time.Second))
 	w2.check(ctx)
@@ -314,8 +316,8 @@ func TestFailsafe_DeletesOnlyItsOwnInstallationsServiceEntries(t *testing.T) {
 	now := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakePassiveClock(now)
 	const leaseName = "adaptive-lb.adaptivelb.io"
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: leaseName, Namespace: operatorNamespace},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("op-1"), LeaseDurationSeconds: ptr.To[int32](15),
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: controller.HeartbeatLeaseName(leaseName), Namespace: operatorNamespace},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("op-1"), LeaseDurationSeconds: ptr.To[int32](30),
 			RenewTime: &metav1.MicroTime{Time: now.Add(-time.Hour)}}}
 	if err := admin.Create(ctx, lease); err != nil {
 		t.Fatal(err)
@@ -354,7 +356,8 @@ func TestFailsafe_DeletesOnlyItsOwnInstallationsServiceEntries(t *testing.T) {
 	}
 
 	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
-		lease: types.NamespacedName{Namespace: operatorNamespace, Name: leaseName}}
+		lease:     types.NamespacedName{Namespace: operatorNamespace, Name: leaseName},
+		heartbeat: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
 	w.check(ctx)
 	clk.SetTime(now.Add(15 * time.Second))
 	w.check(ctx) // the second reading confirms the stale record: the watchdog deletes

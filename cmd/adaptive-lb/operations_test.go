@@ -116,19 +116,19 @@ func (c *opsCluster) create(o client.Object) {
 	}
 }
 
-// start runs one replica of `adaptive-lb run`; stop cancels it (releasing the lease only if
-// release is set, as a graceful stop does; otherwise it is a crash).
-func (c *opsCluster) start(name string, release bool) (stop func(), logs *bytes.Buffer) {
+// start runs one replica of `adaptive-lb run`, with extra flags if given; stop cancels it
+// (releasing the lease only if release is set, as a graceful stop does; otherwise it is a crash).
+func (c *opsCluster) start(name string, release bool, extra ...string) (stop func(), logs *lockedBuffer) {
 	runCtx, cancel := context.WithCancel(c.ctx)
-	logs = &bytes.Buffer{}
+	logs = &lockedBuffer{}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		root := newRootCmd(io.Discard, logs)
-		root.SetArgs([]string{"run", "--kubeconfig", c.kubeconfig, "--leader-elect", "--leader-election-namespace", operatorNamespace,
+		root.SetArgs(append([]string{"run", "--kubeconfig", c.kubeconfig, "--leader-elect", "--leader-election-namespace", operatorNamespace,
 			"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error",
 			"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
-			fmt.Sprintf("--leader-elect-release-on-cancel=%v", release)})
+			fmt.Sprintf("--leader-elect-release-on-cancel=%v", release)}, extra...))
 		if err := root.ExecuteContext(runCtx); err != nil {
 			fmt.Fprintf(logs, "%s: the process exited: %v\n", name, err)
 		}
@@ -152,7 +152,7 @@ func (c *opsCluster) setReady(n int) {
 	}
 }
 
-func (c *opsCluster) waitForEndpoints(n int, logs ...*bytes.Buffer) {
+func (c *opsCluster) waitForEndpoints(n int, logs ...*lockedBuffer) {
 	c.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -166,7 +166,9 @@ func (c *opsCluster) waitForEndpoints(n int, logs ...*bytes.Buffer) {
 	for _, l := range logs {
 		all = append(all, l.String())
 	}
-	c.t.Fatalf("the ServiceEntry never listed %d endpoints; operator logs:\n%s", n, strings.Join(all, "\n"))
+	alb := &adlbv1.AdaptiveLoadBalancer{}
+	_ = c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web"}, alb)
+	c.t.Fatalf("the ServiceEntry never listed %d endpoints (AdaptiveLoadBalancer conditions: %+v); operator logs:\n%s", n, alb.Status.Conditions, strings.Join(all, "\n"))
 }
 
 func (c *opsCluster) holder() string {

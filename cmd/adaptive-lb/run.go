@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -31,6 +32,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -41,6 +43,7 @@ import (
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/progress"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
 )
 
@@ -115,7 +118,7 @@ func newRunCmd() *cobra.Command {
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	f.DurationVar(&o.cycleTick, "cycle-tick", 5*time.Second, "the weight cycle's tick; each AdaptiveLoadBalancer's interval is rounded up to a multiple of it")
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
-	f.DurationVar(&o.staleServiceEntryTimeout, "stale-serviceentry-timeout", controller.DefaultStaleServiceEntryTimeout, "how long mirroring a Service may keep failing (its ServiceEntry write refused, its pods or nodes unreadable) before its ServiceEntry, which no longer follows the endpoints, is deleted so that clients use the Kubernetes endpoints; re-created once a mirror succeeds")
+	f.DurationVar(&o.staleServiceEntryTimeout, "stale-serviceentry-timeout", controller.DefaultStaleServiceEntryTimeout, "how long mirroring a Service may keep failing (its ServiceEntry write refused, or an informer it reads no longer following the cluster: a list or watch refused or failing, or silent for 3m) before its ServiceEntry, which no longer follows the endpoints, is deleted so that clients use the Kubernetes endpoints; re-created once a mirror succeeds")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.DurationVar(&o.cycleTimeout, "cycle-timeout", controller.DefaultCycleTimeout, "how long one weight cycle may take (reading the cluster, the metrics fetch and the burst of writes); writes it leaves out go to the next cycle, and every Service's status is still written")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
@@ -236,9 +239,15 @@ func (o *runOptions) run(ctx context.Context) error {
 		}
 	}
 	// Without leader election too, when the Lease's namespace is known (in a pod it is): the
-	// label keeps another installation's watchdog off this one's ServiceEntries.
+	// label keeps another installation's watchdog off this one's ServiceEntries, and the
+	// heartbeat tells that watchdog whether the operator still sees the cluster.
 	if namespace, err := leaseNamespace(o.leaderElectionNamespace); err == nil {
 		shared.installID = controller.InstallID(namespace, o.leaderElectionID)
+		shared.heartbeat = types.NamespacedName{Namespace: namespace, Name: controller.HeartbeatLeaseName(o.leaderElectionID)}
+		shared.identity = processIdentity()
+		if shared.leaderLock != nil {
+			shared.identity = shared.leaderLock.Identity()
+		}
 	} else {
 		logger.Info("ServiceEntries carry no installation label: the leader Lease's namespace is unknown outside a pod without --leader-election-namespace; every installation's fail-open watchdog treats them as written by an older version", "error", err.Error())
 	}
@@ -324,6 +333,10 @@ type sharedParts struct {
 	// installID names this installation on its ServiceEntries (controller.InstallLabel): its
 	// leader Lease, which the fail-open watchdog also reads ("" when its namespace is unknown).
 	installID string
+	// heartbeat is the Lease the leader renews while its informers see the cluster (empty when
+	// the namespace is unknown); identity names this process in it.
+	heartbeat types.NamespacedName
+	identity  string
 	probes    *probes
 }
 
@@ -358,17 +371,32 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	shared.probes.setReady(func(*http.Request) error {
 		return errors.New("waiting for the AdaptiveLoadBalancer CRD")
 	})
-	if err := waitForOwnCRD(ctx, mapper, logger); err != nil {
+	sweep := func(ctx context.Context) (int, error) {
+		c, err := client.New(cfg, client.Options{Scheme: scheme, HTTPClient: httpClient, Mapper: mapper})
+		if err != nil {
+			return 0, err
+		}
+		return deleteInstallationServiceEntries(ctx, c, shared.installID, o.watchNamespaces, nil)
+	}
+	if err := waitForOwnCRD(ctx, mapper, logger, ownCRDGoneAfter, sweep); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
+	// The informers' own HTTP client goes through a progress tracker: a frozen informer (its list
+	// or watch refused, or silent) stops the mirror and the heartbeat. One per manager: a rebuilt
+	// manager's informers start afresh.
+	tracker := controller.NewInformerProgress(progress.DefaultConfig())
+	cacheOpts, err := controller.WithProgress(controller.CacheOptions(o.watchNamespaces...), cfg, tracker)
+	if err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                              scheme,
 		Logger:                              base,
 		MapperProvider:                      func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mapper, nil },
-		Cache:                               controller.CacheOptions(o.watchNamespaces...),
+		Cache:                               cacheOpts,
 		Metrics:                             metricsOpts,
 		HealthProbeBindAddress:              "0", // served by the process: see sharedParts.probes
 		LeaderElection:                      o.leaderElect,
@@ -402,9 +430,18 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 
 		StaleServiceEntryTimeout: o.staleServiceEntryTimeout,
 		InstallID:                shared.installID,
+		Progress:                 tracker,
 	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)
+	}
+	if shared.heartbeat.Name != "" {
+		if err := mgr.Add(&controller.Heartbeat{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Lease: shared.heartbeat, Identity: shared.identity,
+			Interval: controller.DefaultHeartbeatInterval, Progress: tracker, Logger: base.WithName("heartbeat"),
+		}); err != nil {
+			return fmt.Errorf("add the heartbeat: %w", err)
+		}
 	}
 	if shared.source == nil {
 		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
@@ -465,10 +502,6 @@ func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error
 	if err != nil {
 		return nil, err
 	}
-	host, err := os.Hostname()
-	if err != nil {
-		return nil, fmt.Errorf("read the host name for the leader identity: %w", err)
-	}
 	lockCfg := rest.AddUserAgent(rest.CopyConfig(cfg), "leader-election")
 	// A hung request must not cost the lease: bound each below the renew deadline, as
 	// controller-runtime does for its own lock.
@@ -480,8 +513,18 @@ func (o *runOptions) leaderLock(cfg *rest.Config) (resourcelock.Interface, error
 	return &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: namespace, Name: o.leaderElectionID},
 		Client:     coordination,
-		LockConfig: resourcelock.ResourceLockConfig{Identity: host + "_" + string(uuid.NewUUID())},
+		LockConfig: resourcelock.ResourceLockConfig{Identity: processIdentity()},
 	}, nil
+}
+
+// processIdentity names this process in the leader and heartbeat Leases: its host name (the
+// pod's) and a random suffix.
+func processIdentity() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown-host"
+	}
+	return host + "_" + string(uuid.NewUUID())
 }
 
 // probes answers /healthz (the process is alive) and /readyz (the current manager's caches are
@@ -533,11 +576,22 @@ func (p *probes) serve(addr string, logger logr.Logger) (func(), error) {
 	}, nil
 }
 
+// ownCRDGoneAfter is how long the AdaptiveLoadBalancer CRD must stay missing before the operator
+// deletes its installation's ServiceEntries: a restarted API server serves discovery for CRDs
+// only once it has loaded them, which takes seconds, not a minute.
+const ownCRDGoneAfter = time.Minute
+
 // waitForOwnCRD waits, logging what to do, while the AdaptiveLoadBalancer CRD is missing (an
-// install applied in the wrong order): crash-looping would not install it any sooner. The
-// probes are served meanwhile: alive, not ready.
-func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logger) error {
+// install applied in the wrong order, or the CRD deleted): crash-looping would not install it any
+// sooner. The probes are served meanwhile: alive, not ready. Once it has been missing for
+// goneAfter, it calls sweep, once: without the CRD no AdaptiveLoadBalancer exists, so every
+// ServiceEntry the installation wrote is an orphan that nothing would update again (the garbage
+// collector deletes them with the AdaptiveLoadBalancers when it runs and knows their kind; this
+// covers an operator that was down at the time, with the collector behind or absent).
+func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logger, goneAfter time.Duration, sweep func(context.Context) (int, error)) error {
 	gk := schema.GroupKind{Group: adlbv1.GroupVersion.Group, Kind: "AdaptiveLoadBalancer"}
+	missingSince := time.Now()
+	swept := false
 	for {
 		_, err := mapper.RESTMapping(gk, adlbv1.GroupVersion.Version)
 		if err == nil {
@@ -547,6 +601,17 @@ func waitForOwnCRD(ctx context.Context, mapper meta.RESTMapper, logger logr.Logg
 			return fmt.Errorf("look up the AdaptiveLoadBalancer API: %w", err)
 		}
 		logger.Error(err, "the AdaptiveLoadBalancer CRD is not installed; apply charts/adaptive-lb/crds/ (or config/crd/bases/). Waiting for it.")
+		if !swept && time.Since(missingSince) >= goneAfter {
+			swept = true
+			n, err := sweep(ctx)
+			if err != nil {
+				swept = false // retried at the next check
+				logger.Error(err, "cannot delete the ServiceEntries left without their CRD; retrying")
+			} else {
+				logger.Info("the AdaptiveLoadBalancer CRD has been missing for a while: deleted this installation's ServiceEntries, which no AdaptiveLoadBalancer can own; traffic uses the Kubernetes endpoints",
+					"missingFor", goneAfter, "deleted", n)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +37,7 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+	"github.com/adaptive-lb/adaptive-lb/internal/progress"
 )
 
 // Labels the operator puts on the ServiceEntries it owns.
@@ -64,11 +67,15 @@ func InstallID(leaseNamespace, leaseName string) string {
 const (
 	EventServiceEntryCreated = "ServiceEntryCreated"
 	EventServiceEntryDeleted = "ServiceEntryDeleted"
-	EventTargetNotFound      = adlbv1.ReasonTargetNotFound
-	EventUnsupported         = adlbv1.ReasonUnsupported
-	EventConflict            = adlbv1.ReasonConflict
-	EventNotOwned            = adlbv1.ReasonServiceEntryNotOwned
-	EventWriteFailed         = adlbv1.ReasonWriteFailed
+	// EventServiceEntryTakenOver: an AdaptiveLoadBalancer re-created under the same name took over
+	// the ServiceEntry of the deleted one.
+	EventServiceEntryTakenOver = "ServiceEntryTakenOver"
+	EventTargetNotFound        = adlbv1.ReasonTargetNotFound
+	EventUnsupported           = adlbv1.ReasonUnsupported
+	EventConflict              = adlbv1.ReasonConflict
+	EventNotOwned              = adlbv1.ReasonServiceEntryNotOwned
+	EventWriteFailed           = adlbv1.ReasonWriteFailed
+	EventCacheStale            = adlbv1.ReasonCacheStale
 )
 
 // AdaptiveLoadBalancerReconciler mirrors a Service's ready endpoints into a ServiceEntry, keeping
@@ -91,6 +98,10 @@ type AdaptiveLoadBalancerReconciler struct {
 	StaleServiceEntryTimeout time.Duration
 	// InstallID, if set, is stamped on every ServiceEntry as InstallLabel (see InstallID).
 	InstallID string
+	// Progress, if set, tracks the informers' lists and watches (the cache's transport must go
+	// through it): the mirror writes nothing from an informer that has stopped following the
+	// cluster, and deletes the ServiceEntry once that has lasted StaleServiceEntryTimeout.
+	Progress *progress.Tracker
 
 	// failingSince holds, per AdaptiveLoadBalancer whose mirror fails, when the failures began.
 	failingSince sync.Map // types.NamespacedName → time.Time
@@ -158,7 +169,11 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 			r.propagation.restore(req.NamespacedName, eventAt)
 		}
 		r.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
-		r.Recorder.Event(alb, corev1.EventTypeWarning, EventWriteFailed, err.Error())
+		eventReason := EventWriteFailed
+		if errors.As(err, new(*cacheStaleError)) {
+			eventReason = EventCacheStale
+		}
+		r.Recorder.Event(alb, corev1.EventTypeWarning, eventReason, err.Error())
 		outcome = r.removeStale(ctx, alb, err)
 	} else {
 		r.failingSince.Delete(req.NamespacedName)
@@ -206,6 +221,9 @@ type mirrorOutcome struct {
 }
 
 func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (mirrorOutcome, error) {
+	if err := r.requireCurrentCaches(); err != nil {
+		return mirrorOutcome{}, err
+	}
 	if err := r.deleteStaleServiceEntries(ctx, alb); err != nil {
 		return mirrorOutcome{}, err
 	}
@@ -278,11 +296,44 @@ var errStaleView = errors.New("cached ServiceEntry differs from the remembered o
 // and cached, the informer's version of it.
 func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry) (mirrorOutcome, error) {
 	if existing != nil && !metav1.IsControlledBy(existing, alb) {
+		if previous, err := r.ofAPreviousIncarnation(ctx, alb, existing); err != nil {
+			return mirrorOutcome{}, err
+		} else if previous {
+			// The write below makes alb its controller (apply): one update, and the
+			// Service's clients keep weighted endpoints throughout.
+			log.FromContext(ctx).Info("taking over the ServiceEntry of an earlier AdaptiveLoadBalancer of the same name", "serviceEntry", client.ObjectKeyFromObject(existing),
+				"previousOwner", metav1.GetControllerOf(existing).UID)
+			r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryTakenOver, "Took over ServiceEntry %s from an earlier AdaptiveLoadBalancer %s (UID %s), deleted before this one was created",
+				existing.Name, alb.Name, metav1.GetControllerOf(existing).UID)
+			return r.mirrorOwned(ctx, alb, svc, existing, cached)
+		}
 		msg := fmt.Sprintf("ServiceEntry %s/%s exists and is not owned by this AdaptiveLoadBalancer; adaptive-lb never overwrites it. Rename or delete it to let adaptive-lb manage the Service.", existing.Namespace, existing.Name)
 		r.Recorder.Event(alb, corev1.EventTypeWarning, EventNotOwned, msg)
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonServiceEntryNotOwned, message: msg}, nil
 	}
+	return r.mirrorOwned(ctx, alb, svc, existing, cached)
+}
 
+// ofAPreviousIncarnation reports whether se is adaptive-lb's ServiceEntry written for an earlier
+// AdaptiveLoadBalancer of alb's name, deleted before alb was created: labelled as the
+// operator's, controlled by an AdaptiveLoadBalancer of that name with another UID. alb must be
+// the live object of that name, which the API server confirms (the cache may still hold the
+// earlier one while a new one already wrote the ServiceEntry).
+func (r *AdaptiveLoadBalancerReconciler) ofAPreviousIncarnation(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, se *networkingv1.ServiceEntry) (bool, error) {
+	ref := metav1.GetControllerOf(se)
+	if se.Labels[ManagedByLabel] != ManagedByValue || ref == nil || ref.Kind != "AdaptiveLoadBalancer" ||
+		!strings.HasPrefix(ref.APIVersion, adlbv1.GroupVersion.Group+"/") || ref.Name != alb.Name || ref.UID == alb.UID {
+		return false, nil
+	}
+	live := &adlbv1.AdaptiveLoadBalancer{}
+	if err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(alb), live); err != nil {
+		return false, fmt.Errorf("read AdaptiveLoadBalancer %s/%s from the API server to take over the ServiceEntry of its earlier incarnation: %w", alb.Namespace, alb.Name, err)
+	}
+	return live.UID == alb.UID, nil
+}
+
+// mirrorOwned writes the desired ServiceEntry over existing, which alb controls or takes over.
+func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry) (mirrorOutcome, error) {
 	in, err := r.gather(ctx, alb, svc, existing)
 	if err != nil {
 		return mirrorOutcome{}, err
@@ -532,7 +583,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		log.FromContext(ctx).Info("ServiceEntry created", "serviceEntry", client.ObjectKeyFromObject(se), "endpoints", len(spec.Endpoints), "writeReason", reason)
 		return nil
 	}
-	if r.upToDate(existing, want) {
+	if r.upToDate(existing, want) && metav1.IsControlledBy(existing, alb) {
 		return nil
 	}
 	// An update based on the newest known version (see serviceEntryVersions): it conflicts only
@@ -542,6 +593,15 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	proto.Merge(&updated.Spec, spec)
 	r.stampLabels(updated, alb)
 	stampRecord(updated, want)
+	if !metav1.IsControlledBy(updated, alb) {
+		// Taken over from an earlier AdaptiveLoadBalancer of the same name (mirrorInto checked).
+		updated.OwnerReferences = slices.DeleteFunc(updated.OwnerReferences, func(ref metav1.OwnerReference) bool {
+			return ref.Controller != nil && *ref.Controller
+		})
+		if err := controllerutil.SetControllerReference(alb, updated, r.Scheme); err != nil {
+			return fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+		}
+	}
 	if err := r.Update(ctx, updated); err != nil {
 		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
@@ -674,7 +734,7 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		// A spec change also refreshes a condition that only states the mode (equal weights,
 		// DryRun, Frozen): without a TSDB no weight cycle runs to do it.
 		switch c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); {
-		case o.status != metav1.ConditionTrue && o.reason != adlbv1.ReasonWriteFailed:
+		case o.status != metav1.ConditionTrue && !o.keepEndpoints:
 			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, false))
 		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry ||
 			(c.ObservedGeneration != gen && modeOnlyReason(c.Reason))):
@@ -793,6 +853,8 @@ func endpointStatus(previous []adlbv1.EndpointStatus, eps []istio.Endpoint, now 
 
 func errorReason(err error) string {
 	switch {
+	case errors.As(err, new(*cacheStaleError)):
+		return "cache_stale"
 	case apierrors.IsConflict(err):
 		return "conflict"
 	case apierrors.IsTooManyRequests(err):

@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -114,89 +113,23 @@ func TestMirror_ABlockedAdaptiveLoadBalancerRecovers(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have one-second resolution
 	f.alb("second", "shared")
 	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonConflict)
-	// The winner goes: the loser is no longer in Conflict. envtest runs no garbage collector, so
-	// the winner's ServiceEntry stays and the loser reports it is not its own...
+	// The winner goes: the loser is no longer in Conflict. The winner's ServiceEntry goes with it
+	// (the garbage collector and the operator's owner check delete it; until then the loser
+	// reports it is not its own), and that deletion hands the Service over.
 	if err := k8s.Delete(f.ctx, first); err != nil {
 		t.Fatal(err)
 	}
-	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonServiceEntryNotOwned)
-	// ...until the collector's delete, which hands the Service over.
-	if err := k8s.Delete(f.ctx, se); err != nil {
-		t.Fatal(err)
-	}
+	f.eventually("the winner's ServiceEntry is deleted", func() error {
+		now, err := f.serviceEntry("shared")
+		if err == nil && now.UID == se.UID {
+			return errNotYet
+		}
+		return client.IgnoreNotFound(err)
+	})
 	f.waitForCondition("second", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 	got := f.waitForAddresses("shared", "10.32.1.1")
 	if ref := metav1.GetControllerOf(got); ref == nil || ref.Name != "second" {
 		t.Fatalf("ServiceEntry controller %v; want second", ref)
-	}
-}
-
-// Foreground deletion keeps the AdaptiveLoadBalancer, marked for deletion, until the garbage
-// collector has removed its ServiceEntry: the operator must not re-create it meanwhile, and it
-// drops its per-endpoint weight series.
-func TestMirror_ForegroundDeletionDoesNotRecreateTheServiceEntry(t *testing.T) {
-	f := newFixture(t)
-	f.node("node-a", "eu-west", "eu-west-1a")
-	f.service("web")
-	f.pod("web", "web-1", "10.33.0.1")
-	f.pod("web", "web-2", "10.33.0.2")
-	f.slice("web", "web-x", ready("web-1", "10.33.0.1"))
-	alb := f.alb("web", "web")
-	se := f.waitForAddresses("web", "10.33.0.1")
-	f.eventually("weight series published", func() error {
-		if n := endpointWeightSeries(t, f.ns, "web"); n != 1 {
-			return fmt.Errorf("%d series", n)
-		}
-		return nil
-	})
-
-	if err := k8s.Delete(f.ctx, alb, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil {
-		t.Fatal(err)
-	}
-	marked := &adlbv1.AdaptiveLoadBalancer{}
-	if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(alb), marked); err != nil || marked.DeletionTimestamp.IsZero() {
-		t.Fatalf("the AdaptiveLoadBalancer should wait, marked for deletion, for its dependents (err %v)", err)
-	}
-	f.eventually("weight series dropped", func() error {
-		if n := endpointWeightSeries(t, f.ns, "web"); n != 0 {
-			return fmt.Errorf("%d series", n)
-		}
-		return nil
-	})
-	if err := k8s.Delete(f.ctx, se); err != nil { // the garbage collector's step
-		t.Fatal(err)
-	}
-	f.slice("web", "web-x", ready("web-1", "10.33.0.1"), ready("web-2", "10.33.0.2"))
-	// A later event the operator processes, as a barrier.
-	f.service("canary")
-	f.alb("canary", "canary")
-	f.eventually("canary mirrored", func() error { _, err := f.serviceEntry("canary"); return err })
-	time.Sleep(500 * time.Millisecond) // the SE delete and slice events have long been handled
-	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
-		t.Fatalf("the ServiceEntry came back while its owner was being deleted (err %v)", err)
-	}
-
-	// The collector's last step: remove its finalizer; the object goes.
-	// The operator may have written the status meanwhile: retry on a conflict, as the collector does.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := k8s.Get(f.ctx, client.ObjectKeyFromObject(marked), marked); err != nil {
-			return err
-		}
-		marked.Finalizers = nil
-		return k8s.Update(f.ctx, marked)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.eventually("AdaptiveLoadBalancer gone", func() error {
-		err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "web"}, &adlbv1.AdaptiveLoadBalancer{})
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (err %v)", err)
-		}
-		return nil
-	})
-	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
-		t.Fatalf("a ServiceEntry appeared after the deletion (err %v)", err)
 	}
 }
 

@@ -22,33 +22,41 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 var nsCounter atomic.Int64
 
-// fixture is one test's namespace on the shared API server.
+// fixture is one test's namespace on the shared API server (or, with newFixtureOn, on another).
 type fixture struct {
 	t   testing.TB
 	ctx context.Context
 	ns  string
+	c   client.Client // an admin's direct client: what a user's kubectl sees
 }
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	requireEnv(t)
+	return newFixtureOn(t, k8s)
+}
+
+// newFixtureOn is newFixture on the API server c reaches.
+func newFixtureOn(t testing.TB, c client.Client) *fixture {
+	t.Helper()
 	ns := fmt.Sprintf("t%d-%s", nsCounter.Add(1), strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name())))
 	if len(ns) > 60 {
 		ns = ns[:60]
 	}
 	ns = strings.TrimRight(ns, "-")
-	f := &fixture{t: t, ctx: context.Background(), ns: ns}
+	f := &fixture{t: t, ctx: context.Background(), ns: ns, c: c}
 	f.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	return f
 }
 
 func (f *fixture) create(o client.Object) {
 	f.t.Helper()
-	if err := k8s.Create(f.ctx, o); err != nil {
+	if err := f.c.Create(f.ctx, o); err != nil {
 		f.t.Fatalf("create %T %s: %v", o, o.GetName(), err)
 	}
 }
@@ -72,17 +80,27 @@ func (f *fixture) node(name, region, zone string) {
 	f.t.Helper()
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
 		"topology.kubernetes.io/region": region, "topology.kubernetes.io/zone": zone}}}
-	if err := k8s.Create(f.ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := f.c.Create(f.ctx, n); err != nil && !apierrors.IsAlreadyExists(err) {
 		f.t.Fatal(err)
 	}
 }
 
+// slicesLabel is in the selector of a Service whose EndpointSlices a test writes by hand, and on
+// no pod: the real EndpointSlice controller (kube-controller-manager runs beside the suite's API
+// server) then writes only an empty placeholder slice for it, which adds nothing to a
+// ServiceEntry, instead of slices of its own beside the test's.
+const slicesLabel = "adaptivelb.io/test-slices"
+
+// service creates a Service selecting the pods labelled app=name. By default its EndpointSlices
+// are the test's to write (f.slice): the weight-cycle, status and log tests set up endpoints that
+// way. Tests of membership itself use slicesByController, and hand-written slices only for a
+// shape the controller would not produce (each says which).
 func (f *fixture) service(name string, opts ...func(*corev1.Service)) *corev1.Service {
 	f.t.Helper()
 	s := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.ns},
 		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"app": name},
+			Selector: map[string]string{"app": name, slicesLabel: "hand-written"},
 			Ports: []corev1.ServicePort{
 				{Name: "http-web", Port: 80, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
 				{Name: "grpc", Port: 9090, TargetPort: intstr.FromInt32(9091), Protocol: corev1.ProtocolTCP},
@@ -96,8 +114,16 @@ func (f *fixture) service(name string, opts ...func(*corev1.Service)) *corev1.Se
 	return s
 }
 
+// slicesByController makes the real EndpointSlice controller write the Service's slices from its
+// pods (f.pod makes them ready; f.setPodReady, f.deletePod change them). The test must call
+// requireControllerManager.
+func slicesByController(s *corev1.Service) {
+	delete(s.Spec.Selector, slicesLabel)
+}
+
 // pod creates a running, ready pod with an Istio sidecar on node-a (zone eu-west-1a), labelled
-// and annotated as Istio's injector does.
+// and annotated as Istio's injector does. Its app container names port 8080 "http", the fixture
+// Service's target port.
 func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.Pod {
 	f.t.Helper()
 	p := &corev1.Pod{
@@ -107,7 +133,8 @@ func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.P
 		Spec: corev1.PodSpec{
 			NodeName:           "node-a",
 			ServiceAccountName: app + "-sa",
-			Containers:         []corev1.Container{{Name: "app", Image: "app"}, {Name: "istio-proxy", Image: "proxy"}},
+			Containers: []corev1.Container{{Name: "app", Image: "app", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}},
+				{Name: "istio-proxy", Image: "proxy"}},
 		},
 	}
 	for _, o := range opts {
@@ -116,10 +143,39 @@ func (f *fixture) pod(app, name, ip string, opts ...func(*corev1.Pod)) *corev1.P
 	f.create(p)
 	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}, StartTime: &metav1.Time{Time: time.Now()},
 		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	if err := k8s.Status().Update(f.ctx, p); err != nil {
+	if err := f.c.Status().Update(f.ctx, p); err != nil {
 		f.t.Fatal(err)
 	}
 	return p
+}
+
+// setPodReady sets a pod's Ready condition, as its kubelet would when its readiness probe
+// starts or stops passing.
+func (f *fixture) setPodReady(name string, ready bool) {
+	f.t.Helper()
+	if err := testtools.SetPodReady(f.ctx, f.c, types.NamespacedName{Namespace: f.ns, Name: name}, ready); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// deletePod deletes a pod gracefully: it is bound to a node and no kubelet confirms its end, so it
+// stays terminating (its endpoint serving, if still ready, and terminating) until
+// forceDeletePod, as a pod does during its grace period.
+func (f *fixture) deletePod(name string) {
+	f.t.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name}}
+	if err := f.c.Delete(f.ctx, p); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// forceDeletePod removes a pod at once, as its kubelet does when the containers have stopped.
+func (f *fixture) forceDeletePod(name string) {
+	f.t.Helper()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name}}
+	if err := f.c.Delete(f.ctx, p, client.GracePeriodSeconds(0)); err != nil && !apierrors.IsNotFound(err) {
+		f.t.Fatal(err)
+	}
 }
 
 type sliceEndpoint struct {
@@ -131,7 +187,8 @@ func ready(pod, ip string) sliceEndpoint {
 	return sliceEndpoint{pod: pod, ip: ip, ready: true, serving: true}
 }
 
-// slice creates or replaces an EndpointSlice of a Service, as the endpointslice controller would.
+// slice creates or replaces a hand-written EndpointSlice of a Service created without
+// slicesByController.
 func (f *fixture) slice(service, name string, eps ...sliceEndpoint) {
 	f.t.Helper()
 	s := &discoveryv1.EndpointSlice{
@@ -152,7 +209,7 @@ func (f *fixture) slice(service, name string, eps ...sliceEndpoint) {
 		})
 	}
 	existing := &discoveryv1.EndpointSlice{}
-	err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, existing)
+	err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, existing)
 	switch {
 	case apierrors.IsNotFound(err):
 		f.create(s)
@@ -160,7 +217,7 @@ func (f *fixture) slice(service, name string, eps ...sliceEndpoint) {
 		f.t.Fatal(err)
 	default:
 		existing.Endpoints = s.Endpoints
-		if err := k8s.Update(f.ctx, existing); err != nil {
+		if err := f.c.Update(f.ctx, existing); err != nil {
 			f.t.Fatal(err)
 		}
 	}
@@ -181,7 +238,7 @@ func (f *fixture) alb(name, service string, opts ...func(*adlbv1.AdaptiveLoadBal
 
 func (f *fixture) serviceEntry(name string) (*networkingv1.ServiceEntry, error) {
 	se := &networkingv1.ServiceEntry{}
-	err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, se)
+	err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: name}, se)
 	return se, err
 }
 
@@ -220,7 +277,7 @@ func (f *fixture) waitForCondition(alb, condType string, status metav1.Condition
 	var c *metav1.Condition
 	f.eventually(fmt.Sprintf("%s condition %s=%s/%s", alb, condType, status, reason), func() error {
 		a := &adlbv1.AdaptiveLoadBalancer{}
-		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: alb}, a); err != nil {
+		if err := f.c.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: alb}, a); err != nil {
 			return err
 		}
 		c = meta.FindStatusCondition(a.Status.Conditions, condType)
@@ -258,4 +315,52 @@ func (f *fixture) writeWeightsAsTheCycle(alb string, byIP map[string]int, podAt 
 	if err := w.writeWeights(f.ctx, d, decision, false); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// controllerSlices lists the EndpointSlices the EndpointSlice controller wrote for a Service.
+func (f *fixture) controllerSlices(service string) []discoveryv1.EndpointSlice {
+	f.t.Helper()
+	var list discoveryv1.EndpointSliceList
+	if err := f.c.List(f.ctx, &list, client.InNamespace(f.ns), client.MatchingLabels{
+		discoveryv1.LabelServiceName: service, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}); err != nil {
+		f.t.Fatal(err)
+	}
+	return list.Items
+}
+
+// slicePods lists, sorted, the pods the controller's slices of a Service name.
+func (f *fixture) slicePods(service string) []string {
+	f.t.Helper()
+	var pods []string
+	for _, s := range f.controllerSlices(service) {
+		for _, e := range s.Endpoints {
+			if e.TargetRef != nil {
+				pods = append(pods, e.TargetRef.Name)
+			}
+		}
+	}
+	sort.Strings(pods)
+	return pods
+}
+
+type endpointState struct{ ready, serving, terminating bool }
+
+// waitForSliceEndpoint waits until the controller's slices show pod's endpoint in state.
+func (f *fixture) waitForSliceEndpoint(service, pod string, want endpointState) {
+	f.t.Helper()
+	f.eventually(fmt.Sprintf("the EndpointSlice controller reports %s as %+v", pod, want), func() error {
+		for _, s := range f.controllerSlices(service) {
+			for _, e := range s.Endpoints {
+				if e.TargetRef == nil || e.TargetRef.Name != pod {
+					continue
+				}
+				got := endpointState{ptr.Deref(e.Conditions.Ready, false), ptr.Deref(e.Conditions.Serving, false), ptr.Deref(e.Conditions.Terminating, false)}
+				if got != want {
+					return fmt.Errorf("%+v", got)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("not in any slice")
+	})
 }

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,13 +23,24 @@ import (
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
 
+// The ServiceEntry of a Service whose slices the real EndpointSlice controller writes: hosts,
+// address, ports and target ports (a named one resolved through the pods' container port),
+// labels, service account, locality and weights.
 func TestMirror_ServiceEntryMatchesTheServiceExactly(t *testing.T) {
+	requireControllerManager(t)
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
-	f.service("web")
+	f.service("web", slicesByController)
 	f.pod("web", "web-1", "10.1.0.1")
 	f.pod("web", "web-2", "10.1.0.2")
-	f.slice("web", "web-abc", ready("web-1", "10.1.0.1"), ready("web-2", "10.1.0.2"))
+	// Both in the slice before the first mirror, so that the status lists both at once (a later
+	// endpoint-only status change waits for the status throttle).
+	f.eventually("the controller's slice lists both pods", func() error {
+		if got := f.slicePods("web"); strings.Join(got, ",") != "web-1,web-2" {
+			return fmt.Errorf("slices list %v", got)
+		}
+		return nil
+	})
 	alb := f.alb("web", "web")
 
 	se := f.waitForAddresses("web", "10.1.0.1", "10.1.0.2")
@@ -85,39 +97,52 @@ func TestMirror_ServiceEntryMatchesTheServiceExactly(t *testing.T) {
 	})
 }
 
+// Each step of a pod's shutdown, as the real EndpointSlice controller reports it, takes the pod
+// out of the ServiceEntry at once: its readiness probe failing (ready and serving false), the
+// start of its termination (terminating, still serving while its probe passes: Envoy must not
+// send it new requests), and its removal.
 func TestMirror_PodLeavesAtEachStepOfItsShutdown(t *testing.T) {
+	requireControllerManager(t)
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
-	f.service("web")
+	f.service("web", slicesByController)
 	for i := 1; i <= 3; i++ {
 		f.pod("web", fmt.Sprintf("web-%d", i), fmt.Sprintf("10.2.0.%d", i))
 	}
-	all := []sliceEndpoint{ready("web-1", "10.2.0.1"), ready("web-2", "10.2.0.2"), ready("web-3", "10.2.0.3")}
-	f.slice("web", "web-x", all...)
 	f.alb("web", "web")
 	f.waitForAddresses("web", "10.2.0.1", "10.2.0.2", "10.2.0.3")
 
 	// web-1 fails its readiness probe.
-	f.slice("web", "web-x", sliceEndpoint{pod: "web-1", ip: "10.2.0.1"}, all[1], all[2])
+	f.setPodReady("web-1", false)
+	f.waitForSliceEndpoint("web", "web-1", endpointState{ready: false, serving: false, terminating: false})
 	f.waitForAddresses("web", "10.2.0.2", "10.2.0.3")
-	// web-2 starts terminating while still serving its in-flight requests.
-	f.slice("web", "web-x", sliceEndpoint{pod: "web-1", ip: "10.2.0.1"}, sliceEndpoint{pod: "web-2", ip: "10.2.0.2", serving: true, terminating: true}, all[2])
+	// web-2 starts terminating while its probe still passes: serving, not ready.
+	f.deletePod("web-2")
+	f.waitForSliceEndpoint("web", "web-2", endpointState{ready: false, serving: true, terminating: true})
 	f.waitForAddresses("web", "10.2.0.3")
 	// web-1 comes back.
-	f.slice("web", "web-x", all[0], sliceEndpoint{pod: "web-2", ip: "10.2.0.2", serving: true, terminating: true}, all[2])
+	f.setPodReady("web-1", true)
 	f.waitForAddresses("web", "10.2.0.1", "10.2.0.3")
-	// web-3 is deleted: the pod event alone removes it, before its slice is updated.
-	if err := k8s.Delete(f.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-3", Namespace: f.ns}}); err != nil {
-		t.Fatal(err)
-	}
+	// web-2's containers stop, and web-3 is deleted at once (kubectl delete --force).
+	f.forceDeletePod("web-2")
+	f.forceDeletePod("web-3")
 	f.waitForAddresses("web", "10.2.0.1")
+	f.eventually("the controller's slices list web-1 alone", func() error {
+		if got := f.slicePods("web"); strings.Join(got, ",") != "web-1" {
+			return fmt.Errorf("slices list %v", got)
+		}
+		return nil
+	})
 }
 
-func TestMirror_ScaleFromZeroToFiftyAndBack(t *testing.T) {
+// The real EndpointSlice controller puts at most 100 endpoints in a slice: scaling a Service from
+// zero to 105 pods spreads them over two slices, and the ServiceEntry lists every one; scaling back
+// to zero empties it.
+func TestMirror_ScaleFromZeroToMoreThanASliceHoldsAndBack(t *testing.T) {
+	requireControllerManager(t)
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
-	f.service("web")
-	f.slice("web", "web-x")
+	f.service("web", slicesByController)
 	f.alb("web", "web")
 	f.eventually("empty ServiceEntry", func() error {
 		se, err := f.serviceEntry("web")
@@ -129,21 +154,77 @@ func TestMirror_ScaleFromZeroToFiftyAndBack(t *testing.T) {
 		}
 		return nil
 	})
-	var eps []sliceEndpoint
-	var ips []string
-	for i := 0; i < 50; i++ {
-		name, ip := fmt.Sprintf("web-%02d", i), fmt.Sprintf("10.3.%d.%d", i/200, i%200+1)
+	var names, ips []string
+	for i := 0; i < 105; i++ {
+		name, ip := fmt.Sprintf("web-%03d", i), fmt.Sprintf("10.3.%d.%d", i/200, i%200+1)
 		f.pod("web", name, ip)
-		eps = append(eps, ready(name, ip))
-		ips = append(ips, ip)
+		names, ips = append(names, name), append(ips, ip)
 	}
-	// The endpointslice controller caps slices at 100 endpoints; split 30/20 to exercise two slices.
-	f.slice("web", "web-x", eps[:30]...)
-	f.slice("web", "web-y", eps[30:]...)
 	f.waitForAddresses("web", ips...)
-	f.slice("web", "web-x")
-	f.slice("web", "web-y")
+	slices := f.controllerSlices("web")
+	if len(slices) < 2 {
+		t.Fatalf("the EndpointSlice controller wrote %d slices for 105 endpoints; this test needs it to split them", len(slices))
+	}
+	for _, s := range slices {
+		if len(s.Endpoints) > 100 {
+			t.Fatalf("slice %s has %d endpoints, above the controller's 100", s.Name, len(s.Endpoints))
+		}
+	}
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	for _, name := range names {
+		f.forceDeletePod(name)
+	}
 	f.waitForAddresses("web")
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
+
+// A rolling update that moves the application to another port (the new pods name 8081 "http")
+// makes the EndpointSlice controller put the new pods in a new slice, since a slice has one set of
+// ports, and delete the old slice once its last pod is gone. At every step the ServiceEntry lists
+// exactly the ready pods, each with its own target port.
+func TestMirror_ARollingUpdateThatReplacesTheSlices(t *testing.T) {
+	requireControllerManager(t)
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("web", slicesByController)
+	port := func(n int32) func(*corev1.Pod) {
+		return func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = n }
+	}
+	for i := 1; i <= 3; i++ {
+		f.pod("web", fmt.Sprintf("web-v1-%d", i), fmt.Sprintf("10.9.1.%d", i))
+	}
+	f.alb("web", "web")
+	f.waitForAddresses("web", "10.9.1.1", "10.9.1.2", "10.9.1.3")
+	before := f.controllerSlices("web")
+
+	want := []string{"10.9.1.1", "10.9.1.2", "10.9.1.3"}
+	for i := 1; i <= 3; i++ {
+		// maxSurge 1: the new pod is ready, then an old one terminates and goes.
+		f.pod("web", fmt.Sprintf("web-v2-%d", i), fmt.Sprintf("10.9.2.%d", i), port(8081))
+		want = append(want, fmt.Sprintf("10.9.2.%d", i))
+		f.waitForAddresses("web", want...)
+		f.deletePod(fmt.Sprintf("web-v1-%d", i))
+		want = slices.DeleteFunc(want, func(ip string) bool { return ip == fmt.Sprintf("10.9.1.%d", i) })
+		f.waitForAddresses("web", want...)
+		f.forceDeletePod(fmt.Sprintf("web-v1-%d", i))
+	}
+	se := f.waitForAddresses("web", "10.9.2.1", "10.9.2.2", "10.9.2.3")
+	for _, e := range se.Spec.Endpoints {
+		if e.Ports["http-web"] != 8081 {
+			t.Errorf("%s targets port %d, want the new pods' 8081", e.Address, e.Ports["http-web"])
+		}
+	}
+	f.eventually("the old slice is gone", func() error {
+		after := f.controllerSlices("web")
+		for _, a := range after {
+			for _, b := range before {
+				if a.UID == b.UID && len(a.Endpoints) > 0 {
+					return fmt.Errorf("slice %s of the old pods still lists %d endpoints", a.Name, len(a.Endpoints))
+				}
+			}
+		}
+		return nil
+	})
 	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }
 
@@ -327,35 +408,6 @@ func TestMirror_ConditionsInsteadOfCrashes(t *testing.T) {
 	f.alb("ports", "ports", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Ports = []int32{443} })
 	f.waitForCondition("ports", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonNoPorts)
 	f.waitForCondition("ports", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
-}
-
-func TestMirror_DeletingTheAdaptiveLoadBalancerLeavesItToGarbageCollection(t *testing.T) {
-	f := newFixture(t)
-	f.node("node-a", "eu-west", "eu-west-1a")
-	f.service("web")
-	f.pod("web", "web-1", "10.7.0.1")
-	f.slice("web", "web-x", ready("web-1", "10.7.0.1"))
-	alb := f.alb("web", "web")
-	se := f.waitForAddresses("web", "10.7.0.1")
-	// envtest runs no garbage collector; what the collector needs is the controller reference
-	// with blockOwnerDeletion, asserted here, and the operator must not recreate the ServiceEntry
-	// once its owner is gone.
-	if ref := metav1.GetControllerOf(se); ref == nil || ref.UID != alb.UID {
-		t.Fatalf("owner %v", ref)
-	}
-	if err := k8s.Delete(f.ctx, alb); err != nil {
-		t.Fatal(err)
-	}
-	if err := k8s.Delete(f.ctx, se); err != nil { // what the garbage collector would do
-		t.Fatal(err)
-	}
-	f.slice("web", "web-x", ready("web-1", "10.7.0.1"), sliceEndpoint{pod: "web-2", ip: "10.7.0.2"})
-	f.service("canary") // a later event the operator processes
-	f.alb("canary", "canary")
-	f.eventually("canary mirrored", func() error { _, err := f.serviceEntry("canary"); return err })
-	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
-		t.Fatalf("the ServiceEntry of a deleted AdaptiveLoadBalancer came back (err %v)", err)
-	}
 }
 
 func TestMirror_DualStackSlices(t *testing.T) {

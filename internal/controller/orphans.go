@@ -10,13 +10,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
@@ -27,11 +30,13 @@ const EventOrphanDeleted = "OrphanDeleted"
 
 // orphanReconciler deletes managed ServiceEntries whose AdaptiveLoadBalancer is gone: left by
 // `kubectl delete adaptiveloadbalancer --cascade=orphan`, by an owner reference someone removed,
-// or by an AdaptiveLoadBalancer deleted and re-created under the same name (another UID).
-// Nothing would update them again, so they would route to the pods of the day they were last
-// written, and Envoy prefers their copy of each address. The garbage collector does not help:
-// it only deletes what has an owner reference to a deleted object. It runs on every managed
-// ServiceEntry the cache lists (so once for all of them at start) and on each change of one.
+// or by an AdaptiveLoadBalancer deleted and re-created under the same name (another UID) whose
+// mirror has not taken it over yet. Nothing would update them again, so they would route to the
+// pods of the day they were last written, and Envoy prefers their copy of each address. The
+// garbage collector only deletes what has an owner reference to a deleted object, and only while
+// it can resolve the owner's kind. It runs on every managed ServiceEntry the cache lists (so once
+// for all of them at start), on each change of one, and on the deletion of its owner
+// (ownerDeleted).
 type orphanReconciler struct {
 	*AdaptiveLoadBalancerReconciler
 }
@@ -42,8 +47,28 @@ func (o *orphanReconciler) setup(mgr ctrl.Manager) error {
 		For(&networkingv1.ServiceEntry{}, builder.WithPredicates(managedServiceEntry(), predicate.Funcs{
 			DeleteFunc: func(event.DeleteEvent) bool { return false },
 		})).
+		Watches(&adlbv1.AdaptiveLoadBalancer{}, o.ownerDeleted()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(o)
+}
+
+// ownerDeleted checks the ServiceEntries an AdaptiveLoadBalancer controlled when it is deleted.
+// The garbage collector deletes them too, but not always: it may be slow or down, and when the
+// AdaptiveLoadBalancer CRD is deleted (every AdaptiveLoadBalancer with it) it may no longer
+// resolve the owners' kind. The operator does not wait for it.
+func (o *orphanReconciler) ownerDeleted() handler.EventHandler {
+	return handler.Funcs{
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			var owned networkingv1.ServiceEntryList
+			if err := o.List(ctx, &owned, client.InNamespace(e.Object.GetNamespace()),
+				client.MatchingFields{indexServiceEntryController: string(e.Object.GetUID())}, client.UnsafeDisableDeepCopy); err != nil {
+				return
+			}
+			for _, se := range owned.Items {
+				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(se)})
+			}
+		},
+	}
 }
 
 // managedServiceEntry passes ServiceEntries labelled as the operator's.

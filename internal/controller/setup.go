@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
@@ -95,6 +96,18 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	if err := (&orphanReconciler{r}).setup(mgr); err != nil {
 		return err
 	}
+	// Re-mirrors everything when an informer goes blind or recovers (informerWatch); with no
+	// tracker nothing is ever sent.
+	informerChanges := make(chan event.GenericEvent, 1)
+	if r.Progress != nil {
+		if err := mgr.Add(cutSilentStreams{r.Progress}); err != nil {
+			return err
+		}
+		watch := &informerWatch{progress: r.Progress, events: informerChanges, interval: time.Second, logger: mgr.GetLogger().WithName("informers")}
+		if err := mgr.Add(watch); err != nil {
+			return err
+		}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
@@ -106,7 +119,8 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
 		// Nodes are cached trimmed to their labels and allocatable CPU (CacheOptions); only a
 		// change of their locality or instance type moves the mirror's output.
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.every), builder.WithPredicates(topologyChanged())).
+		WatchesRawSource(source.Channel(informerChanges, handler.EnqueueRequestsFromMapFunc(r.every))).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
@@ -190,9 +204,10 @@ func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Ob
 	return reqs
 }
 
-// forNode re-mirrors every AdaptiveLoadBalancer when a node's topology labels change, which is
-// rare; the locality of its pods' endpoints depends on them.
-func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
+// every re-mirrors every AdaptiveLoadBalancer: when a node's topology labels change, which is
+// rare (the locality of its pods' endpoints depends on them), and when an informer goes blind or
+// recovers.
+func (r *AdaptiveLoadBalancerReconciler) every(ctx context.Context, _ client.Object) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
 	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil

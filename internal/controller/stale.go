@@ -2,12 +2,14 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -44,11 +46,47 @@ func (r *AdaptiveLoadBalancerReconciler) staleTimeout() time.Duration {
 	return DefaultStaleServiceEntryTimeout
 }
 
-// mirrorFailed records a failed mirror of key and returns when the failures began: the first
-// failure since the last successful reconcile.
-func (r *AdaptiveLoadBalancerReconciler) mirrorFailed(key types.NamespacedName) time.Time {
-	since, _ := r.failingSince.LoadOrStore(key, r.Clock.Now())
-	return since.(time.Time)
+// mirrorFailed records a failed mirror of alb and returns when the failures began: the earliest
+// of seed (when the failure is known to have begun, e.g. when an informer went blind), what this
+// process already recorded, and what the status records. The status matters after a leader
+// change: the new leader's memory is empty, and a deadline that restarted with every leader would
+// never pass under an API brownout that moves leadership every minute or two. The status keeps
+// it in EndpointsMirrored's lastTransitionTime (the condition turned False when the mirror began
+// failing, and stays False while it fails).
+func (r *AdaptiveLoadBalancerReconciler) mirrorFailed(alb *adlbv1.AdaptiveLoadBalancer, seed time.Time) time.Time {
+	key := client.ObjectKeyFromObject(alb)
+	if persisted, ok := persistedFailingSince(alb); ok && persisted.Before(seed) {
+		seed = persisted
+	}
+	for {
+		v, loaded := r.failingSince.LoadOrStore(key, seed)
+		if !loaded {
+			return seed
+		}
+		stored := v.(time.Time)
+		if !seed.Before(stored) {
+			return stored
+		}
+		if r.failingSince.CompareAndSwap(key, stored, seed) {
+			return seed
+		}
+	}
+}
+
+// persistedFailingSince reads from alb's status when its mirror began failing, if it is failing:
+// EndpointsMirrored False for a failed mirror (WriteFailed, CacheStale) or for a ServiceEntry
+// already removed for it (StaleServiceEntryRemoved). The reasons that say the Service cannot be
+// mirrored (TargetNotFound, Conflict, …) are outcomes, not failures.
+func persistedFailingSince(alb *adlbv1.AdaptiveLoadBalancer) (time.Time, bool) {
+	c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored)
+	if c == nil || c.Status != metav1.ConditionFalse || c.LastTransitionTime.IsZero() {
+		return time.Time{}, false
+	}
+	switch c.Reason {
+	case adlbv1.ReasonWriteFailed, adlbv1.ReasonCacheStale, adlbv1.ReasonStaleServiceEntryRemoved:
+		return c.LastTransitionTime.Time, true
+	}
+	return time.Time{}, false
 }
 
 // untilStale is how long key's mirror may still fail before its ServiceEntry is deleted; false
@@ -62,15 +100,20 @@ func (r *AdaptiveLoadBalancerReconciler) untilStale(key types.NamespacedName) (t
 }
 
 // removeStale handles a failed mirror (mirrorErr). While the failures are younger than the
-// timeout the ServiceEntry keeps its last written endpoints (WriteFailed, retried with
-// back-off). Past it, the ServiceEntry no longer follows the endpoints: Envoy would keep
+// timeout the ServiceEntry keeps its last written endpoints (WriteFailed or CacheStale, retried
+// with back-off). Past it, the ServiceEntry no longer follows the endpoints: Envoy would keep
 // preferring its copy of every address, also of pods that are gone, so it is deleted and the
 // Service's clients use the Kubernetes endpoints until a mirror succeeds and writes a new one.
 // A failed deletion is reported and retried with the reconcile.
 func (r *AdaptiveLoadBalancerReconciler) removeStale(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, mirrorErr error) mirrorOutcome {
+	reason, seed := adlbv1.ReasonWriteFailed, r.Clock.Now()
+	var stale *cacheStaleError
+	if errors.As(mirrorErr, &stale) {
+		reason, seed = adlbv1.ReasonCacheStale, stale.since
+	}
+	failing := mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: mirrorErr.Error(), keepEndpoints: true}
 	key := client.ObjectKeyFromObject(alb)
-	failing := mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonWriteFailed, message: mirrorErr.Error(), keepEndpoints: true}
-	since := r.mirrorFailed(key)
+	since := r.mirrorFailed(alb, seed)
 	if r.Clock.Since(since) < r.staleTimeout() {
 		return failing
 	}

@@ -30,14 +30,32 @@ const suiteStaleTimeout = 10 * time.Second
 // and a function that lifts it.
 func (f *fixture) refuseServiceEntryWrites(extra ...admissionv1.OperationType) (lift func()) {
 	f.t.Helper()
-	name := "refuse-se-writes-" + f.ns
+	return f.admissionPolicy("refuse-se-writes-"+f.ns, append([]admissionv1.OperationType{admissionv1.Create, admissionv1.Update}, extra...), func() error {
+		se, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		se.Labels["probe"] = "x"
+		err = k8s.Update(f.ctx, se, client.DryRunAll)
+		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "test policy") {
+			return nil
+		}
+		return fmt.Errorf("a dry-run update returned %v", err)
+	})
+}
+
+// admissionPolicy installs a policy named name that refuses the operations on ServiceEntries in
+// the fixture's namespace, waits until enforced (a probe of the caller's) says the API server
+// applies it (it loads policies asynchronously), and returns a function that lifts it.
+func (f *fixture) admissionPolicy(name string, ops []admissionv1.OperationType, enforced func() error) (lift func()) {
+	f.t.Helper()
 	policy := &admissionv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: admissionv1.ValidatingAdmissionPolicySpec{
 			FailurePolicy: ptr.To(admissionv1.Fail),
 			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
 				RuleWithOperations: admissionv1.RuleWithOperations{
-					Operations: append([]admissionv1.OperationType{admissionv1.Create, admissionv1.Update}, extra...),
+					Operations: ops,
 					Rule:       admissionv1.Rule{APIGroups: []string{"networking.istio.io"}, APIVersions: []string{"*"}, Resources: []string{"serviceentries"}},
 				},
 			}}},
@@ -59,19 +77,7 @@ func (f *fixture) refuseServiceEntryWrites(extra ...admissionv1.OperationType) (
 	}
 	f.create(policy)
 	f.create(binding)
-	// The API server loads policies asynchronously: wait until a dry-run update is refused.
-	f.eventually("the API server enforces the policy", func() error {
-		se, err := f.serviceEntry("web")
-		if err != nil {
-			return err
-		}
-		se.Labels["probe"] = "x"
-		err = k8s.Update(f.ctx, se, client.DryRunAll)
-		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), "test policy") {
-			return nil
-		}
-		return fmt.Errorf("a dry-run update returned %v", err)
-	})
+	f.eventually("the API server enforces the policy", enforced)
 	return func() {
 		f.t.Helper()
 		for _, o := range []client.Object{binding, policy} {
@@ -88,7 +94,7 @@ func ptrTo[T any](v T) *T { return &v }
 func (f *fixture) warningEvents(reason string) []string {
 	f.t.Helper()
 	var list corev1.EventList
-	if err := k8s.List(f.ctx, &list, client.InNamespace(f.ns)); err != nil {
+	if err := f.c.List(f.ctx, &list, client.InNamespace(f.ns)); err != nil {
 		f.t.Fatal(err)
 	}
 	var out []string
@@ -191,8 +197,10 @@ func (f *fixture) managedServiceEntry(name string, owner *metav1.OwnerReference)
 
 // A managed ServiceEntry whose AdaptiveLoadBalancer is gone (deleted with --cascade=orphan, its
 // owner reference removed, or its owner re-created as another object) would never be updated
-// again; the garbage collector never removes it either (envtest runs none, so what is tested
-// here is the operator's own cleanup). It is deleted; a properly owned one is kept.
+// again. It is deleted; a properly owned one is kept. The garbage collector (kube-controller-
+// manager runs beside the suite) deletes those whose owner reference dangles as well, so the
+// OrphanDeleted event is checked on the one without an owner reference, which only the operator
+// removes.
 func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
@@ -235,7 +243,7 @@ func TestMirror_DeletesManagedServiceEntriesWithoutALiveOwner(t *testing.T) {
 			return err
 		}
 		for _, e := range list.Items {
-			if e.Reason == EventOrphanDeleted && e.InvolvedObject.Name == "owner-gone" && strings.Contains(e.Message, "does not exist") {
+			if e.Reason == EventOrphanDeleted && e.InvolvedObject.Name == "no-owner" && strings.Contains(e.Message, "no AdaptiveLoadBalancer is its controller") {
 				return nil
 			}
 		}

@@ -29,10 +29,13 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/progress"
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
-// The suite runs one real kube-apiserver and etcd (envtest) and one operator manager for every
-// test in the package; each test works in its own namespace.
+// The suite runs one real kube-apiserver and etcd (envtest), a kube-controller-manager beside
+// them, and one operator manager for every test in the package; each test works in its own
+// namespace.
 var (
 	k8s          client.Client // direct client, no cache: what a user's kubectl sees
 	scheme       = runtime.NewScheme()
@@ -51,6 +54,14 @@ var (
 	propagationSamples = &delayRecorder{}
 	// suiteReconciler is the operator's reconciler, for tests that call Reconcile directly.
 	suiteReconciler *AdaptiveLoadBalancerReconciler
+	// suiteEnv is the shared API server; controllerManager, the kube-controller-manager beside
+	// it (garbage collector, EndpointSlice and namespace controllers), nil with kcmSkipCause set
+	// when `make test` has not built one.
+	suiteEnv          *envtest.Environment
+	controllerManager *testtools.ControllerManager
+	kcmSkipCause      string
+	// suiteProgress tracks the suite operator's informers.
+	suiteProgress *progress.Tracker
 )
 
 // seWriteCounter counts the operator's create/update/patch/delete calls on ServiceEntries at the
@@ -140,6 +151,13 @@ func runSuite(m *testing.M) int {
 		return 1
 	}
 	defer func() { _ = env.Stop() }()
+	suiteEnv = env
+	if stop, err := startControllerManager(env); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	} else if stop != nil {
+		defer stop()
+	}
 
 	cfg.QPS, cfg.Burst = 1000, 2000 // the tests' own client must not be the bottleneck
 	testConfig = cfg
@@ -157,15 +175,62 @@ func runSuite(m *testing.M) int {
 	return m.Run()
 }
 
+// startControllerManager runs kube-controller-manager beside the suite's API server, as a real
+// cluster has it. Without the binary the tests that need it skip (fail under CI).
+func startControllerManager(env *envtest.Environment) (stop func(), err error) {
+	bin := os.Getenv(testtools.ControllerManagerEnv)
+	if bin == "" {
+		kcmSkipCause = testtools.ControllerManagerEnv + " is not set: run `make test`, which builds kube-controller-manager"
+		return nil, nil
+	}
+	dir, err := os.MkdirTemp("", "adaptivelb-suite-")
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig, err := testtools.AdminKubeconfig(env, "kube-controller-manager", dir)
+	if err != nil {
+		return nil, err
+	}
+	controllerManager, err = testtools.StartControllerManager(bin, kubeconfig, testtools.DefaultControllers)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		_ = controllerManager.Stop()
+		_ = os.RemoveAll(dir)
+	}, nil
+}
+
+// requireControllerManager skips a test that needs kube-controller-manager when it is not built;
+// under CI that is a failure.
+func requireControllerManager(t testing.TB) {
+	t.Helper()
+	requireEnv(t)
+	if kcmSkipCause == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal(kcmSkipCause)
+	}
+	t.Skip(kcmSkipCause)
+}
+
 func startOperator(ctx context.Context, cfg *rest.Config) error {
 	opCfg := rest.CopyConfig(cfg)
 	opCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return seWriteCounter{next: rt} }
 	opCfg.QPS, opCfg.Burst = 200, 400 // the run command's defaults
+	// The informers' progress is tracked as in the operator; the defaults never take a healthy
+	// informer for a blind one (the API server sends every watch a bookmark each minute).
+	suiteProgress = NewInformerProgress(progress.DefaultConfig())
+	cacheOpts, err := WithProgress(CacheOptions(), opCfg, suiteProgress)
+	if err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(opCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  CacheOptions(),
+		Cache:                  cacheOpts,
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)
@@ -185,6 +250,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 
 		StaleServiceEntryTimeout: suiteStaleTimeout,
 		InstallID:                suiteInstallID,
+		Progress:                 suiteProgress,
 	}
 	r.observePropagation = propagationSamples.add
 	suiteReconciler = r
@@ -204,10 +270,11 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	return nil
 }
 
-// suiteMaxEndpoints lowers the endpoint limit of a ServiceEntry so a test can pass it with a few
-// dozen pods; no other test's Service has more than 50 endpoints. The real limit is checked
-// against the API server by TestServiceEntrySize_EtcdRefusesAboveTheLimit.
-const suiteMaxEndpoints = 60
+// suiteMaxEndpoints lowers the endpoint limit of a ServiceEntry so a test can pass it with about a
+// hundred pods; no other test's Service has more than 105 endpoints (one more than the 100 the
+// EndpointSlice controller puts in a slice). The real limit is checked against the API server by
+// TestServiceEntrySize_EtcdRefusesAboveTheLimit.
+const suiteMaxEndpoints = 110
 
 func zapLevel() zapLevelT {
 	if os.Getenv("ADAPTIVELB_TEST_DEBUG") != "" {
