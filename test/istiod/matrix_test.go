@@ -65,6 +65,13 @@ func shapes() []shape {
 	exportBoth := defaultWorld(httpPort)
 	exportBoth.service.Annotations = map[string]string{"networking.istio.io/exportTo": "shop,istio-system"}
 	exportBoth.exportTo = []string{"*"}
+	// The mesh's defaultServiceExportTo hides a Service without an exportTo annotation; the
+	// AdaptiveLoadBalancer asks for every namespace.
+	exportMeshDefault := defaultWorld(httpPort)
+	exportMeshDefault.exportTo = []string{"*"}
+	// The mesh's defaultServiceEntryExportTo would hide a ServiceEntry without exportTo where
+	// the Service is visible.
+	exportMeshSEDefault := defaultWorld(httpPort)
 
 	return []shape{
 		{name: "port-http", world: defaultWorld(httpPort)},
@@ -159,8 +166,34 @@ spec:
 		{name: "exportTo-spec", world: exportSpec},
 		{name: "exportTo-service-annotation", world: exportAnnotation},
 		{name: "exportTo-annotation-and-spec", world: exportBoth},
+		{name: "mesh-defaultServiceExportTo", world: exportMeshDefault, mesh: func(m *meshconfig.MeshConfig) {
+			m.DefaultServiceExportTo = []string{"."}
+		}},
+		{name: "mesh-defaultServiceEntryExportTo", world: exportMeshSEDefault, mesh: func(m *meshconfig.MeshConfig) {
+			m.DefaultServiceEntryExportTo = []string{"."}
+		}},
+		{name: "foreign-serviceentry", world: defaultWorld(httpPort), config: foreignServiceEntry},
 	}
 }
+
+// foreignServiceEntry is another owner's ServiceEntry for the weighted Service's host (the
+// published operator's, during a migration): the same pod IPs, weight 1, no locality.
+const foreignServiceEntry = `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api-weights, namespace: shop}
+spec:
+  hosts: [api.shop.svc.cluster.local]
+  addresses: [10.96.0.10]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {number: 80, name: http-web, protocol: HTTP}
+  endpoints:
+  - {address: 10.1.0.1, ports: {http-web: 8080}, labels: {app: api}, weight: 1}
+  - {address: 10.1.0.2, ports: {http-web: 8080}, labels: {app: api}, weight: 1}
+  - {address: 10.1.0.3, ports: {http-web: 8080}, labels: {app: api}, weight: 1}
+`
 
 // dualStackWorld: a dual-stack Service (IPv4 first) whose pods have an IPv4 and an IPv6 address.
 func dualStackWorld() world {
