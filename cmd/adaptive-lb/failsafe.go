@@ -55,8 +55,9 @@ locked out), it deletes the ServiceEntries labelled app.kubernetes.io/managed-by
 own installation (labelled adaptivelb.io/install=<lease namespace>.<lease name>, or without that
 label: written by an older operator), so the mesh falls back to the Kubernetes endpoints instead of
 keeping endpoints that go stale. Another installation's are never touched. When the operator leads
-again it re-creates them. It needs to read the Lease and to list and delete
-ServiceEntries, nothing else.
+again it re-creates them. At every check, whether or not an operator leads, it also deletes those
+whose Service is gone: a ServiceEntry must never outlive its Service. It needs to read the Lease,
+to list Services and to list and delete ServiceEntries, nothing else.
 
 With --uninstall (the chart's post-delete hook) it waits until no operator holds the lease, deletes
 the managed ServiceEntries and exits.`,
@@ -177,6 +178,9 @@ func (w *watchdog) leaseRecord(ctx context.Context) (record string, renewed time
 // once a second reading finds the record unchanged: the renew time is the operator's clock, and
 // an operator whose node runs minutes behind would look stale at the first reading.
 func (w *watchdog) check(ctx context.Context) {
+	if _, err := w.deleteWithoutService(ctx); err != nil {
+		w.logger.Error(err, "deleting the ServiceEntries whose Service is gone failed; retrying at the next check")
+	}
 	now := w.clock.Now()
 	record, renewed, err := w.leaseRecord(ctx)
 	if err != nil {

@@ -402,3 +402,29 @@ func TestRun_DeletesOrphanedServiceEntriesAtStart(t *testing.T) {
 		return apierrors.IsNotFound(err)
 	}, logs)
 }
+
+// A ServiceEntry never outlives its Service: with no operator running and the lease far from
+// stale, the watchdog deletes the ServiceEntry of a Service that is gone (without it, istiod
+// would keep the ServiceEntry as the host's only service), and leaves it while the Service is
+// there.
+func TestFailsafe_DeletesAServiceEntryWhoseServiceIsGone(t *testing.T) {
+	c := newOpsCluster(t)
+	c.setReady(2)
+	c.createALB()
+	stopA, logsA := c.start("A", false)
+	c.waitForEndpoints(2, logsA)
+	stopA() // a crash: the lease stays, unrenewed, far from stale below
+	stopWatchdog, logs := c.startFailsafe("--stale-after", "10m", "--check-interval", "200ms", "--log-level", "debug")
+	defer stopWatchdog()
+	c.waitFor("a few checks", func() bool { return strings.Count(logs.String(), "leader lease fresh") >= 5 }, logs)
+	if c.serviceEntryGone() {
+		t.Fatalf("the watchdog deleted the ServiceEntry of an existing Service:\n%s", logs)
+	}
+	if err := c.admin.Delete(c.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: opsApp, Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the watchdog deletes the ServiceEntry whose Service is gone", c.serviceEntryGone, logs)
+	c.waitFor("the deletion is logged", func() bool {
+		return strings.Contains(logs.String(), "deleted a ServiceEntry whose Service is gone")
+	}, logs)
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +36,8 @@ const (
 	// indexServiceEntryController maps a ServiceEntry to the UID of the AdaptiveLoadBalancer
 	// that controls it.
 	indexServiceEntryController = "metadata.ownerReferences.controller"
+	// indexServiceEntryHost maps a ServiceEntry to its hosts, lower-cased.
+	indexServiceEntryHost = "spec.hosts"
 )
 
 // SetupIndexes registers the cache indexes the reconciler queries.
@@ -70,6 +73,9 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &networkingv1.ServiceEntry{}, indexServiceEntryHost, serviceEntryHosts); err != nil {
+		return err
+	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &networkingv1.ServiceEntry{}, indexServiceEntryController, func(o client.Object) []string {
 		if ref := metav1.GetControllerOf(o); ref != nil && ref.Kind == "AdaptiveLoadBalancer" && strings.HasPrefix(ref.APIVersion, adlbv1.GroupVersion.Group+"/") {
 			return []string{string(ref.UID)}
@@ -94,6 +100,10 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	if r.ClusterDomain == "" {
 		r.ClusterDomain = "cluster.local"
 	}
+	if r.Mesh == (MeshSource{}) {
+		r.Mesh = DefaultMeshSource()
+	}
+	r.mesh = &meshFacts{source: r.Mesh}
 	r.propagation = newPropagationTracker()
 	if r.Versions == nil {
 		r.Versions = &ServiceEntryVersions{}
@@ -110,6 +120,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
 		Watches(&networkingv1.ServiceEntry{}, r.serviceEntryDeleted()).
+		Watches(&networkingv1.ServiceEntry{}, handler.EnqueueRequestsFromMapFunc(r.forServiceEntryHosts), builder.WithPredicates(foreignServiceEntry())).
 		Watches(&adlbv1.AdaptiveLoadBalancer{}, r.unblockOnRelease()).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
@@ -117,6 +128,12 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		// Nodes are cached trimmed to their labels and allocatable CPU (CacheOptions); only a
 		// change of their locality or instance type moves the mirror's output.
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
+		// The mesh facts (meshfacts.go): a namespace's labels (ambient, waypoint, and istiod's
+		// network), istiod's ConfigMap, Deployments and remote secrets.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.forNamespace), builder.WithPredicates(labelsChanged())).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject)).
+		WatchesMetadata(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
@@ -200,9 +217,50 @@ func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Ob
 	return reqs
 }
 
-// forNode re-mirrors every AdaptiveLoadBalancer when a node's topology labels change, which is
-// rare; the locality of its pods' endpoints depends on them.
-func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
+// forNamespace re-mirrors the AdaptiveLoadBalancers of a namespace whose labels changed (its
+// ambient mode or waypoint), and every one when it is istiod's (the cluster's network).
+func (r *AdaptiveLoadBalancerReconciler) forNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	if o.GetName() == r.Mesh.IstioNamespace {
+		return r.all(ctx)
+	}
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetName()), client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, alb := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
+	}
+	return reqs
+}
+
+// forMeshObject re-mirrors every AdaptiveLoadBalancer when one of the mesh-wide facts changes:
+// istiod's ConfigMap, its version, its remote secrets. The cache holds only those objects (see
+// CacheOptions), and they change rarely.
+func (r *AdaptiveLoadBalancerReconciler) forMeshObject(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.all(ctx)
+}
+
+// forServiceEntryHosts re-mirrors the AdaptiveLoadBalancers of the Services whose host another
+// owner's ServiceEntry declares (created, changed or deleted): it may now be in their way, or
+// no longer.
+func (r *AdaptiveLoadBalancerReconciler) forServiceEntryHosts(ctx context.Context, o client.Object) []reconcile.Request {
+	var reqs []reconcile.Request
+	suffix := ".svc." + strings.ToLower(r.ClusterDomain)
+	for _, host := range serviceEntryHosts(o) {
+		rest, ok := strings.CutSuffix(host, suffix)
+		if !ok {
+			continue
+		}
+		if name, namespace, ok := strings.Cut(rest, "."); ok && !strings.Contains(namespace, ".") {
+			reqs = append(reqs, r.targeting(ctx, namespace, name)...)
+		}
+	}
+	return reqs
+}
+
+// all lists every AdaptiveLoadBalancer.
+func (r *AdaptiveLoadBalancerReconciler) all(ctx context.Context) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
 	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
@@ -212,6 +270,28 @@ func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.O
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
 	}
 	return reqs
+}
+
+// foreignServiceEntry passes the ServiceEntries the operator does not manage.
+func foreignServiceEntry() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetLabels()[ManagedByLabel] != ManagedByValue
+	})
+}
+
+// labelsChanged passes creations, deletions and label changes.
+func labelsChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !labels.Equals(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
+		},
+	}
+}
+
+// forNode re-mirrors every AdaptiveLoadBalancer when a node's topology labels change, which is
+// rare; the locality of its pods' endpoints depends on them.
+func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.all(ctx)
 }
 
 // podChanged passes the pod events that can change a ServiceEntry: labels (subsets), deletion
@@ -230,6 +310,7 @@ func podChanged() predicate.Predicate {
 				oldPod.Spec.NodeName != newPod.Spec.NodeName ||
 				oldPod.Spec.ServiceAccountName != newPod.Spec.ServiceAccountName ||
 				podReady(oldPod) != podReady(newPod) ||
+				istio.Enrolled(oldPod) != istio.Enrolled(newPod) ||
 				hasAnnotation(oldPod, istio.SidecarStatusAnnotation) != hasAnnotation(newPod, istio.SidecarStatusAnnotation)
 		},
 	}

@@ -57,6 +57,15 @@ func TestChart_ClusterRoleIsExactlyTheOperatorsGeneratedRole(t *testing.T) {
 	if !reflect.DeepEqual(role.Object["rules"], generated["rules"]) {
 		t.Fatalf("chart rules differ from config/rbac/role.yaml (run make manifests):\n%v\n%v", role.Object["rules"], generated["rules"])
 	}
+	// The Role in istiod's namespace is the generated one, bound to the operator.
+	istioRole := configObjects(t, "../../config/rbac/role.yaml")["Role/adaptive-lb"]
+	rendered := objs["Role/lb-adaptive-lb-istio"]
+	if istioRole == nil || rendered == nil || rendered.GetNamespace() != "istio-system" || !reflect.DeepEqual(rendered.Object["rules"], istioRole.Object["rules"]) {
+		t.Fatalf("the Role in istio-system %v differs from config/rbac/role.yaml's %v (run make manifests)", rendered, istioRole)
+	}
+	if b := objs["RoleBinding/lb-adaptive-lb-istio"]; b == nil || b.GetNamespace() != "istio-system" {
+		t.Fatalf("RoleBinding in istio-system %v", b)
+	}
 	// The lease Role stays in the release namespace.
 	lease := objs["Role/lb-adaptive-lb-leader-election"]
 	if lease == nil || lease.GetNamespace() != "adaptive-lb-system" {

@@ -2,7 +2,6 @@ package istiod
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -32,6 +31,7 @@ import (
 func ambientWorld() world {
 	w := defaultWorld(port("http-web", 80, intstr.FromInt32(8080)))
 	w.namespaceLabels = map[string]string{istio.DataplaneModeLabel: "ambient"}
+	w.mesh.IstioVersion = "1.31.1" // the in-process istiod's line
 	for i := range w.pods {
 		w.pods[i].sidecar = noSidecar
 		w.pods[i].ambient = true
@@ -112,7 +112,7 @@ func applySEEverywhere(t *testing.T, f *xds.FakeDiscoveryServer, spec *apinetwor
 	ses := f.KubeClient().Istio().NetworkingV1().ServiceEntries(targetNamespace)
 	cfg := seConfig(spec)
 	obj := &networkingclient.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Namespace: cfg.Namespace, Labels: cfg.Labels}}
-	obj.Spec = *proto.Clone(spec).(*apinetworkingv1.ServiceEntry)
+	proto.Merge(&obj.Spec, spec)
 	if _, err := ses.Create(context.Background(), obj, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create ServiceEntry in the Kubernetes API: %v", err)
 	}
@@ -125,7 +125,7 @@ func applySEEverywhere(t *testing.T, f *xds.FakeDiscoveryServer, spec *apinetwor
 		t.Fatalf("create the barrier ServiceEntry: %v", err)
 	}
 	retry.UntilOrFail(t, func() bool {
-		return slices.ContainsFunc(f.Discovery.Env.AmbientIndexes.All(), func(a model.AddressInfo) bool {
+		return slices.ContainsFunc(f.AmbientIndex.All(), func(a model.AddressInfo) bool {
 			return a.GetService().GetHostname() == barrierHost
 		})
 	}, retry.Timeout(responseTimeout), retry.Delay(10*time.Millisecond))
@@ -172,6 +172,9 @@ func TestAmbientZtunnelIgnoresServiceEntry(t *testing.T) {
 	}
 	wdsBefore := ztunnelAddresses(t, f)
 	spec, endpoints := build(t, w)
+	if e := istio.Enforce(w.input(), endpoints); e.Enforced || e.Reason != istio.NotEnforcedAmbientWithoutWaypoint {
+		t.Errorf("the operator reports %+v; ztunnel clients are not weighted here, want AmbientWithoutWaypoint", e)
+	}
 	applySEEverywhere(t, f, spec)
 
 	wdsAfter := ztunnelAddresses(t, f)
@@ -199,39 +202,42 @@ func TestAmbientServiceEntryOutlivingItsService(t *testing.T) {
 	if err := f.KubeClient().Kube().CoreV1().Services(targetNamespace).Delete(context.Background(), targetName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The bound only guards against a hang: istiod serves it within milliseconds.
 	var addrs map[string]*workloadapi.Address
+	var seWorkloads []*workloadapi.Workload
+	var service *workloadapi.Service
 	retry.UntilOrFail(t, func() bool {
 		addrs = ztunnelAddresses(t, f)
+		seWorkloads, service = nil, nil
 		for _, a := range addrs {
 			if a.GetService().GetHostname() == targetHost {
-				return true
+				service = a.GetService()
+			}
+			if wl := a.GetWorkload(); wl != nil && strings.Contains(wl.GetUid(), "ServiceEntry") {
+				seWorkloads = append(seWorkloads, wl)
 			}
 		}
-		return false
-	}, retry.Timeout(responseTimeout), retry.Delay(50*time.Millisecond))
-	byIP := map[string][]*workloadapi.Workload{}
+		return service != nil && len(seWorkloads) == len(w.pods)
+	}, retry.Timeout(30*time.Second), retry.Delay(50*time.Millisecond))
+	podAddresses := map[string]bool{}
 	for _, a := range addrs {
-		if wl := a.GetWorkload(); wl != nil {
+		if wl := a.GetWorkload(); wl != nil && strings.Contains(wl.GetUid(), "/Pod/") {
 			for _, ip := range wl.GetAddresses() {
-				key := fmt.Sprintf("%v", ip)
-				byIP[key] = append(byIP[key], wl)
+				podAddresses[string(ip)] = true
 			}
 		}
 	}
-	found := false
-	for _, wls := range byIP {
-		if len(wls) < 2 {
-			continue
+	for _, wl := range seWorkloads {
+		if wl.GetTunnelProtocol() != workloadapi.TunnelProtocol_NONE || wl.GetServiceAccount() != "" {
+			t.Errorf("the ServiceEntry's workload %s has tunnel %v and service account %q; the recorded harm (plaintext, no identity) no longer holds", wl.GetUid(), wl.GetTunnelProtocol(), wl.GetServiceAccount())
 		}
-		for _, wl := range wls {
-			if strings.Contains(wl.GetUid(), "ServiceEntry") && wl.GetTunnelProtocol() == workloadapi.TunnelProtocol_NONE && wl.GetServiceAccount() == "" {
-				found = true
+		for _, ip := range wl.GetAddresses() {
+			if !podAddresses[string(ip)] {
+				t.Errorf("the ServiceEntry's workload %s has an address no pod workload has", wl.GetUid())
 			}
 		}
 	}
-	if !found {
-		t.Errorf("no pod address has a second workload from the ServiceEntry without tunnel and identity; the recorded harm no longer holds:\n%v", addrs)
-	}
+	t.Logf("with the Service gone, ztunnel gets service %s/%s from the ServiceEntry and %d second workloads for the pods' addresses, e.g. %v", service.GetNamespace(), service.GetName(), len(seWorkloads), seWorkloads[0])
 }
 
 // TestAmbientWaypointUsesWeights: a waypoint bound to the Service (its istio.io/use-waypoint
@@ -247,6 +253,14 @@ func TestAmbientWaypointUsesWeights(t *testing.T) {
 		t.Fatalf("the waypoint has no EDS cluster for the Service; is it bound? clusters: %v", keys(before.clusters))
 	}
 	spec, endpoints := build(t, w)
+	// istiod confirms the binding on the Service's status (its status writer does not run in
+	// process): the operator reads the same condition.
+	bound := w
+	bound.service = w.service.DeepCopy()
+	bound.service.Status.Conditions = []metav1.Condition{{Type: istio.WaypointBoundCondition, Status: metav1.ConditionTrue, Reason: "Accepted", Message: "bound to shop/waypoint"}}
+	if e := istio.Enforce(bound.input(), endpoints); !e.Enforced || e.Reason != istio.EnforcedByWaypoint {
+		t.Errorf("the operator reports %+v, want Waypoint", e)
+	}
 	applySEEverywhere(t, f, spec)
 	wantWeight := map[string]uint32{}
 	for _, ep := range endpoints {

@@ -25,6 +25,8 @@ type shape struct {
 	mesh   func(*meshconfig.MeshConfig)
 	// unsupported, when set, is what Build's ErrUnsupported must say: no ServiceEntry is written.
 	unsupported string
+	// refused, when set, is the error Build must refuse the shape with (saying unsupported).
+	refused error
 }
 
 func defaultWorld(ports ...corev1.ServicePort) world {
@@ -69,9 +71,6 @@ func shapes() []shape {
 	// AdaptiveLoadBalancer asks for every namespace.
 	exportMeshDefault := defaultWorld(httpPort)
 	exportMeshDefault.exportTo = []string{"*"}
-	// The mesh's defaultServiceEntryExportTo would hide a ServiceEntry without exportTo where
-	// the Service is visible.
-	exportMeshSEDefault := defaultWorld(httpPort)
 
 	return []shape{
 		{name: "port-http", world: defaultWorld(httpPort)},
@@ -169,10 +168,9 @@ spec:
 		{name: "mesh-defaultServiceExportTo", world: exportMeshDefault, mesh: func(m *meshconfig.MeshConfig) {
 			m.DefaultServiceExportTo = []string{"."}
 		}},
-		{name: "mesh-defaultServiceEntryExportTo", world: exportMeshSEDefault, mesh: func(m *meshconfig.MeshConfig) {
-			m.DefaultServiceEntryExportTo = []string{"."}
-		}},
-		{name: "foreign-serviceentry", world: defaultWorld(httpPort), config: foreignServiceEntry},
+		// istiod lists the other owner's copies first: the operator refuses (Conflict) rather
+		// than claim weights it cannot apply. TestForeignServiceEntryComesFirst shows why.
+		{name: "foreign-serviceentry", world: defaultWorld(httpPort), config: foreignServiceEntry, refused: istio.ErrConflict, unsupported: "ServiceEntry shop/api-weights also declares host api.shop.svc.cluster.local"},
 	}
 }
 
@@ -221,11 +219,26 @@ func meshConfig(s shape) *meshconfig.MeshConfig {
 // the config without it, except the weight of the host Envoy keeps for each address.
 func TestServiceEntryChangesOnlyWeights(t *testing.T) {
 	for _, s := range shapes() {
-		t.Run(s.name, func(t *testing.T) {
-			if s.unsupported != "" {
+		t.Run(s.name, func(t *testing.T) { runShape(t, s) })
+	}
+}
+
+// runShape checks the differential invariant on one shape. The operator's builder gets the facts
+// istiod runs with: the mesh config's defaultServiceExportTo, and the other ServiceEntries of
+// the shape's config.
+func runShape(t *testing.T, s shape) {
+	{
+		{
+			s.world.mesh.DefaultServiceExportTo = meshConfig(s).DefaultServiceExportTo
+			s.world.others = otherServiceEntries(t, s.config)
+			if s.unsupported != "" || s.refused != nil {
+				want := s.refused
+				if want == nil {
+					want = istio.ErrUnsupported
+				}
 				_, _, err := istio.Build(s.world.input())
-				if !errors.Is(err, istio.ErrUnsupported) || !strings.Contains(err.Error(), s.unsupported) {
-					t.Fatalf("Build: err = %v, want ErrUnsupported saying %q", err, s.unsupported)
+				if !errors.Is(err, want) || !strings.Contains(err.Error(), s.unsupported) {
+					t.Fatalf("Build: err = %v, want %v saying %q", err, want, s.unsupported)
 				}
 				return
 			}
@@ -245,7 +258,7 @@ func TestServiceEntryChangesOnlyWeights(t *testing.T) {
 				after := fetch(t, f, c)
 				checkInvariant(t, c.name, before[i], after, wantWeight)
 			}
-		})
+		}
 	}
 }
 

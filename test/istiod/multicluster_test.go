@@ -1,8 +1,10 @@
 package istiod
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -13,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 )
 
 // The second cluster of the multi-cluster cases: the same Service shop/api with three pods of
@@ -99,32 +103,46 @@ func localShare(cla *endpointv3.ClusterLoadAssignment, local map[string]bool) (f
 
 // TestServiceEntryInMultiClusterMesh: a multi-primary mesh where the second cluster runs the
 // same Service. istiod merges the remote cluster's pods into the host's clusters beside the
-// local ones, at weight 1: the operator's weights, in the same LocalityLbEndpoints, would also
-// decide how much traffic stays in this cluster. The weights must only split the local share.
+// local ones, at weight 1 (across networks: the remote network's gateway, weighted by their
+// count): the operator's weights, in the same LocalityLbEndpoints, would also decide how much
+// traffic stays in this cluster, and only all-equal weights keep the split. So the operator
+// refuses a multi-cluster mesh (istiod's remote secret for the second cluster is what it sees),
+// and the test records what a ServiceEntry written anyway would do: the local share moves from
+// 57.1% (4 of 7 pods) to 99.4% (460 of 463).
 func TestServiceEntryInMultiClusterMesh(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		networks *meshconfig.MeshNetworks
+		network  string // the local cluster's, and its client's
 	}{
 		{name: "same-network"},
-		{name: "across-networks", networks: twoNetworks()},
+		{name: "across-networks", networks: twoNetworks(), network: "network-1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := multiClusterWorld()
+			w.mesh.Network = tc.network
+			w.mesh.MultiCluster = []string{"remote secret istio-system/istio-remote-secret-" + remoteCluster}
+			if _, _, err := istio.Build(w.input()); !errors.Is(err, istio.ErrMultiCluster) || !strings.Contains(err.Error(), "istio-remote-secret-"+remoteCluster) {
+				t.Fatalf("Build in a multi-cluster mesh: err = %v, want ErrMultiCluster naming the remote secret", err)
+			}
+
+			// What a ServiceEntry written anyway would do.
+			w.mesh.MultiCluster = nil
 			local := map[string]bool{}
 			for _, p := range w.pods {
 				local[p.ip] = true
 			}
 			f := multiClusterServer(t, w, tc.networks)
 			c := clients(w)[0]
+			c.network = tc.network
 			const cluster80 = "outbound|80||" + targetHost
 			before, hostsBefore := localShare(fetch(t, f, c).endpoints[cluster80], local)
 			spec, _ := build(t, w)
 			applySE(t, f, spec)
 			after, hostsAfter := localShare(fetch(t, f, c).endpoints[cluster80], local)
 			t.Logf("local share of the traffic: %.1f%% without the ServiceEntry (%v), %.1f%% with it (%v)", 100*before, hostsBefore, 100*after, hostsAfter)
-			if diff := after - before; diff > 0.005 || diff < -0.005 {
-				t.Errorf("the ServiceEntry moves traffic between clusters: the local pods get %.1f%% of it, %.1f%% without the ServiceEntry", 100*after, 100*before)
+			if diff := after - before; diff < 0.3 {
+				t.Errorf("the local share moves from %.1f%% to %.1f%% only: the recorded reason to refuse multi-cluster meshes no longer holds", 100*before, 100*after)
 			}
 		})
 	}
@@ -132,10 +150,12 @@ func TestServiceEntryInMultiClusterMesh(t *testing.T) {
 
 // TestServiceEntryAcrossNetworks: primary-remote across networks, a client in the remote
 // cluster's network. istiod sends it the local cluster's pods through network-1's east-west
-// gateway; the ServiceEntry's copies must not reach it as pod addresses of another network,
-// which it cannot route to.
+// gateway; the ServiceEntry's copies, which carry the pods' network (the cluster's, here), reach
+// it the same way, never as pod addresses of another network, which it cannot route to. (A
+// ServiceEntry without the network gave it the four local pods' addresses directly.)
 func TestServiceEntryAcrossNetworks(t *testing.T) {
 	w := multiClusterWorld()
+	w.mesh.Network = "network-1"
 	f := multiClusterServer(t, w, twoNetworks())
 	remote := client{name: "remote-network", nodeType: "sidecar", ip: "10.2.9.1", pod: "client-r", namespace: clientNamespace,
 		labels: map[string]string{"app": "client"}, cluster: remoteCluster, network: "network-2"}

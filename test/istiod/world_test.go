@@ -3,6 +3,10 @@ package istiod
 import (
 	"fmt"
 	"strings"
+	"testing"
+
+	networkingclient "istio.io/client-go/pkg/apis/networking/v1"
+	"sigs.k8s.io/yaml"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -60,6 +64,9 @@ type world struct {
 	exportTo []string
 	// namespaceLabels label the Service's namespace (istio.io/dataplane-mode, istio.io/use-waypoint).
 	namespaceLabels map[string]string
+	// mesh and others are the facts the operator gathers (istio.Input.Mesh and .Others).
+	mesh   istio.Mesh
+	others []istio.OtherServiceEntry
 }
 
 func defaultNodes() map[string]map[string]string {
@@ -330,6 +337,9 @@ func (w world) input() istio.Input {
 		DefaultWeight: 100,
 		ClusterDomain: clusterDomain,
 		ExportTo:      w.exportTo,
+		Namespace:     w.namespace(),
+		Mesh:          w.mesh,
+		Others:        w.others,
 	}
 	in.Slices = w.slices()
 	for _, p := range w.pods {
@@ -342,4 +352,22 @@ func (w world) input() istio.Input {
 		in.Nodes[name] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
 	}
 	return in
+}
+
+// otherServiceEntries are the ServiceEntries of Istio YAML, as the operator's cache sees other
+// owners' ones.
+func otherServiceEntries(t *testing.T, yamlText string) []istio.OtherServiceEntry {
+	t.Helper()
+	var out []istio.OtherServiceEntry
+	for _, doc := range strings.Split(yamlText, "\n---\n") {
+		var se networkingclient.ServiceEntry
+		if err := yaml.Unmarshal([]byte(doc), &se); err != nil {
+			t.Fatalf("parse %q: %v", doc, err)
+		}
+		if se.Kind != "ServiceEntry" {
+			continue
+		}
+		out = append(out, istio.OtherServiceEntry{Namespace: se.Namespace, Name: se.Name, Hosts: se.Spec.Hosts, ExportTo: se.Spec.ExportTo})
+	}
+	return out
 }

@@ -53,10 +53,10 @@ func Conflicts(svc *corev1.Service, clusterDomain string, exportTo []string, mes
 
 // seDefault is where a ServiceEntry without exportTo is visible.
 func seDefault(mesh Mesh) []string {
-	if len(mesh.DefaultServiceEntryExportTo) == 0 {
+	if len(mesh.DefaultServiceExportTo) == 0 {
 		return []string{"*"}
 	}
-	return mesh.DefaultServiceEntryExportTo
+	return mesh.DefaultServiceExportTo
 }
 
 // ConflictError says which ServiceEntries are in the way of the Service, and what to do.

@@ -35,8 +35,8 @@ func TestConflicts(t *testing.T) {
 			other: OtherServiceEntry{Namespace: "shop", Name: "other", Hosts: []string{"api.shop.svc.cluster.local"}}},
 		"a wildcard host is another service": {
 			other: OtherServiceEntry{Namespace: "shop", Name: "wild", Hosts: []string{"*.shop.svc.cluster.local"}}},
-		"the mesh's ServiceEntry default keeps theirs in their namespace": {
-			exportTo: []string{"."}, mesh: Mesh{DefaultServiceEntryExportTo: []string{"."}},
+		"the mesh's default keeps theirs in their namespace": {
+			exportTo: []string{"."}, mesh: Mesh{DefaultServiceExportTo: []string{"."}},
 			other: OtherServiceEntry{Namespace: "legacy", Name: "web", Hosts: []string{host}}},
 	} {
 		t.Run(name, func(t *testing.T) {

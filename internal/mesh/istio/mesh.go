@@ -15,10 +15,9 @@ import (
 // ServiceEntry depends on it (its visibility, its endpoints' network), and whether a
 // ServiceEntry may be written at all does (several clusters, ambient mode on an old istiod).
 type Mesh struct {
-	// DefaultServiceExportTo and DefaultServiceEntryExportTo are the mesh config's: where a
-	// Service, and a ServiceEntry, without exportTo are visible. Unset means every namespace.
-	DefaultServiceExportTo      []string
-	DefaultServiceEntryExportTo []string
+	// DefaultServiceExportTo is the mesh config's: where a Service, or a ServiceEntry, without
+	// exportTo is visible (istiod applies it to both). Unset means every namespace.
+	DefaultServiceExportTo []string
 	// Network is the cluster's network (the topology.istio.io/network label of istiod's
 	// namespace): the network of every pod without a label of its own.
 	Network string
@@ -39,8 +38,7 @@ var ErrMeshConfig = errors.New("unreadable mesh config")
 
 // MeshConfig is the part of istiod's mesh config the operator reads.
 type MeshConfig struct {
-	DefaultServiceExportTo      []string `json:"defaultServiceExportTo,omitempty"`
-	DefaultServiceEntryExportTo []string `json:"defaultServiceEntryExportTo,omitempty"`
+	DefaultServiceExportTo []string `json:"defaultServiceExportTo,omitempty"`
 }
 
 // ParseMeshConfig reads the mesh config as istiod's ConfigMap holds it (its "mesh" key, YAML).

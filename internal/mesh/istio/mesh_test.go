@@ -17,14 +17,14 @@ func TestBuild_ExportToFollowsTheMeshDefaults(t *testing.T) {
 		want       []string
 		refused    bool
 	}{
-		"the mesh's default hides the Service: spec.exportTo * is cut to it": {
-			requested: []string{"*"}, mesh: Mesh{DefaultServiceExportTo: []string{"."}}, want: []string{"."}},
-		"the mesh's default hides the Service: no spec.exportTo takes it": {
-			mesh: Mesh{DefaultServiceExportTo: []string{".", "istio-system"}}, want: []string{".", "istio-system"}},
-		"the Service's annotation wins over the mesh's default": {
-			annotation: "*", requested: []string{"*"}, mesh: Mesh{DefaultServiceExportTo: []string{"."}}, want: nil},
-		"a narrower ServiceEntry default is overridden by the Service's visibility": {
-			mesh: Mesh{DefaultServiceEntryExportTo: []string{"."}}, want: []string{"*"}},
+		"the mesh's default hides the Service: spec.exportTo * leaves it unset, taking the same default": {
+			requested: []string{"*"}, mesh: Mesh{DefaultServiceExportTo: []string{"."}}, want: nil},
+		"the mesh's default hides the Service: spec.exportTo is cut to it": {
+			requested: []string{".", "client"}, mesh: Mesh{DefaultServiceExportTo: []string{".", "istio-system"}}, want: []string{"."}},
+		"the Service's annotation wins over the mesh's default, written out": {
+			annotation: "*", requested: []string{"*"}, mesh: Mesh{DefaultServiceExportTo: []string{"."}}, want: []string{"*"}},
+		"the mesh's default and no spec.exportTo: unset, taking the same default as the Service": {
+			mesh: Mesh{DefaultServiceExportTo: []string{"."}}, want: nil},
 		"every default open leaves exportTo unset, as before": {
 			want: nil},
 		"a mesh exporting Services nowhere is refused": {
@@ -117,13 +117,12 @@ func TestParseMeshConfig(t *testing.T) {
 	got, err := ParseMeshConfig(`
 accessLogFile: /dev/stdout
 defaultServiceExportTo: ["."]
-defaultServiceEntryExportTo: [".", "istio-system"]
 defaultConfig: {discoveryAddress: istiod.istio-system.svc:15012}
 `)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.DefaultServiceExportTo, []string{"."}) || !slices.Equal(got.DefaultServiceEntryExportTo, []string{".", "istio-system"}) {
+	if !slices.Equal(got.DefaultServiceExportTo, []string{"."})  {
 		t.Fatalf("parsed %+v", got)
 	}
 	if _, err := ParseMeshConfig("defaultServiceExportTo: {"); !errors.Is(err, ErrMeshConfig) {

@@ -12,10 +12,9 @@ import (
 // Service's own visibility, which is its exportTo annotation, or else the mesh's
 // defaultServiceExportTo, or else every namespace. Where the Service is not visible the
 // ServiceEntry would be a new Service of its own: new clusters and listeners for proxies that
-// had none. An empty result leaves the ServiceEntry's exportTo unset, which istiod reads as the
-// mesh's defaultServiceEntryExportTo: it is written only when that is every namespace and the
-// Service is visible in every namespace, so that where it is narrower the weights still reach
-// every client of the Service.
+// had none. An empty result leaves the ServiceEntry's exportTo unset: istiod then applies the
+// mesh's defaultServiceExportTo, as to the Service, which is what a Service without an exportTo
+// annotation and an AdaptiveLoadBalancer asking for nothing narrower need.
 func exportTo(svc *corev1.Service, requested []string, mesh Mesh) ([]string, error) {
 	out, err := exportToAll(svc, requested, mesh)
 	if err != nil {
@@ -28,7 +27,7 @@ func exportTo(svc *corev1.Service, requested []string, mesh Mesh) ([]string, err
 	if len(visible) == 0 {
 		return nil, fmt.Errorf("%w: service %s/%s is exported to no namespace (%s, spec.exportTo %v); the weights would apply nowhere. Export it to the namespaces of its clients", ErrUnsupported, svc.Namespace, svc.Name, serviceVisibilitySource(svc, mesh), requested)
 	}
-	if slices.Equal(visible, []string{"*"}) && everywhere(mesh.DefaultServiceEntryExportTo) {
+	if strings.TrimSpace(svc.Annotations[ExportToAnnotation]) == "" && (len(requested) == 0 || slices.Contains(requested, "*")) {
 		return nil, nil
 	}
 	return visible, nil
@@ -96,12 +95,6 @@ func exportToAll(svc *corev1.Service, requested []string, mesh Mesh) ([]string, 
 		return nil, fmt.Errorf("%w: spec.exportTo %v shares no namespace with service %s/%s's visibility (%s); the weights would apply nowhere. Export to namespaces the Service is visible in", ErrUnsupported, requested, svc.Namespace, svc.Name, serviceVisibilitySource(svc, mesh))
 	}
 	return out, nil
-}
-
-// everywhere reports whether an exportTo list, as istiod reads it with unset meaning every
-// namespace, exports to every namespace.
-func everywhere(exportTo []string) bool {
-	return len(exportTo) == 0 || slices.Contains(exportTo, "*")
 }
 
 // visibleTogether reports whether a proxy in some namespace can see both objects: one in
