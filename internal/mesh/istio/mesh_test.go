@@ -122,7 +122,7 @@ defaultConfig: {discoveryAddress: istiod.istio-system.svc:15012}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got.DefaultServiceExportTo, []string{"."})  {
+	if !slices.Equal(got.DefaultServiceExportTo, []string{"."}) {
 		t.Fatalf("parsed %+v", got)
 	}
 	if _, err := ParseMeshConfig("defaultServiceExportTo: {"); !errors.Is(err, ErrMeshConfig) {
