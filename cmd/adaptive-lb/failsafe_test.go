@@ -264,8 +264,13 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: operatorNamespace,
 		Labels: map[string]string{controller.ManagedByLabel: controller.ManagedByValue}}}
 	se.Spec.Hosts = []string{"web.example.internal"}
-	if err := admin.Create(ctx, se); err != nil {
-		t.Fatal(err)
+	// Its Service exists: the watchdog deletes a ServiceEntry whose Service is gone at once.
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: operatorNamespace},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	for _, o := range []client.Object{svc, se} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
 	}
 	present := func() bool {
 		err := admin.Get(ctx, types.NamespacedName{Namespace: operatorNamespace, Name: "web"}, &networkingv1.ServiceEntry{})
