@@ -157,12 +157,15 @@ func TestChart_AppliesToARealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	ns := &unstructured.Unstructured{}
-	ns.SetAPIVersion("v1")
-	ns.SetKind("Namespace")
-	ns.SetName("adaptive-lb-system")
-	if err := c.Create(ctx, ns); err != nil {
-		t.Fatal(err)
+	// Istio is installed first: the chart's Role for istiod's ConfigMap lives in its namespace.
+	for _, name := range []string{"adaptive-lb-system", "istio-system"} {
+		ns := &unstructured.Unstructured{}
+		ns.SetAPIVersion("v1")
+		ns.SetKind("Namespace")
+		ns.SetName(name)
+		if err := c.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// CRDs first, as helm installs them.
 	names := keys(objs)
