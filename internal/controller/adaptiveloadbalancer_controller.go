@@ -825,6 +825,8 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 func weightsEnforcedCondition(o mirrorOutcome, gen int64) *metav1.Condition {
 	c := &metav1.Condition{Type: adlbv1.ConditionWeightsEnforced, ObservedGeneration: gen}
 	switch {
+	case o.status == metav1.ConditionTrue && o.enforcement.Reason == "":
+		return nil // an outcome that evaluated no clients (none in production) decides nothing
 	case o.status == metav1.ConditionTrue:
 		c.Status, c.Reason, c.Message = metav1.ConditionFalse, string(o.enforcement.Reason), o.enforcement.Message
 		if o.enforcement.Enforced {
