@@ -106,7 +106,8 @@ controller-gen: ## Build controller-gen from hack/tools into $(TOOLS_DIR).
 manifests: controller-gen ## Generate the CRD and RBAC manifests into config/ and the Helm chart.
 	"$(CONTROLLER_GEN)" rbac:roleName=adaptive-lb crd paths="./api/..." paths="./internal/controller/..." output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	cp config/crd/bases/adaptivelb.io_adaptiveloadbalancers.yaml charts/adaptive-lb/crds/
-	sed -n '/^rules:/,$$p' config/rbac/role.yaml | tail -n +2 > charts/adaptive-lb/files/role-rules.yaml
+	awk '/^---/{doc++} doc==1 && seen{print} doc==1 && /^rules:/{seen=1}' config/rbac/role.yaml > charts/adaptive-lb/files/role-rules.yaml
+	awk '/^---/{doc++; seen=0} doc==2 && seen{print} doc==2 && /^rules:/{seen=1}' config/rbac/role.yaml > charts/adaptive-lb/files/istio-role-rules.yaml
 	cp charts/adaptive-lb/files/alerts.yaml config/prometheus/alerts.yaml
 
 .PHONY: generate

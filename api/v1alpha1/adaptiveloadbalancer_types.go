@@ -235,7 +235,7 @@ type AdaptiveLoadBalancerStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready, EndpointsMirrored, MetricsAvailable and WeightsApplied.
+	// Conditions: Ready, EndpointsMirrored, MetricsAvailable, WeightsApplied and WeightsEnforced.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

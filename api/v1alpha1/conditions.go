@@ -15,6 +15,11 @@ const (
 	// ConditionWeightsApplied: the ServiceEntry carries the weights the engine decided. Written
 	// by the weight cycle; the reconciler only adds a placeholder while the condition is absent.
 	ConditionWeightsApplied = "WeightsApplied"
+	// ConditionWeightsEnforced: the Service's clients balance by the ServiceEntry's weights, as
+	// far as the operator can tell from the Service, its namespace and its pods: clients with a
+	// sidecar, gateways and waypoints do; ztunnel (ambient mode) does only through a waypoint
+	// bound to the Service. Written by the endpoint mirror (the reconciler) only.
+	ConditionWeightsEnforced = "WeightsEnforced"
 )
 
 // Condition reasons (CamelCase, stable: alerts and scripts match on them).
@@ -25,8 +30,32 @@ const (
 	ReasonTargetNotFound = "TargetNotFound"
 	// ReasonUnsupported: the Service has no selector, is ExternalName or is headless.
 	ReasonUnsupported = "Unsupported"
-	// ReasonConflict: another AdaptiveLoadBalancer targets the same Service.
+	// ReasonConflict: another AdaptiveLoadBalancer targets the same Service, or another owner's
+	// ServiceEntry declares the Service's host for the same clients (istiod would list its
+	// copies of the pods first, shadowing the weights); no ServiceEntry is written.
 	ReasonConflict = "Conflict"
+	// ReasonMultiCluster: the mesh spans several clusters (istiod's remote secrets, mesh
+	// networks of several registries). istiod merges the other clusters' pods of the Service
+	// beside the weighted ones at weight 1, so weights would move traffic between clusters; no
+	// ServiceEntry is written.
+	ReasonMultiCluster = "MultiCluster"
+	// ReasonAmbientUnsupportedIstioVersion: the Service is in ambient mode and istiod is older
+	// than 1.28.1 (1.29.0 on its line), or its version is unknown: it would give ztunnel a
+	// second, plaintext workload for every pod of a ServiceEntry; no ServiceEntry is written.
+	ReasonAmbientUnsupportedIstioVersion = "AmbientUnsupportedIstioVersion"
+	// ReasonMeshConfigInvalid: istiod's mesh config (its ConfigMap) cannot be read, so the
+	// Service's visibility is unknown; no ServiceEntry is written.
+	ReasonMeshConfigInvalid = "MeshConfigInvalid"
+	// ReasonEnforcedBySidecars (WeightsEnforced=True): no pod of the Service is in ambient mode;
+	// its clients with a sidecar, gateways and waypoints balance by the weights.
+	ReasonEnforcedBySidecars = "Sidecars"
+	// ReasonEnforcedByWaypoint (WeightsEnforced=True): the Service's pods are in ambient mode
+	// and istiod reports a waypoint bound to it; ztunnel clients reach it through the waypoint,
+	// which balances by the weights.
+	ReasonEnforcedByWaypoint = "Waypoint"
+	// ReasonAmbientWithoutWaypoint (WeightsEnforced=False): pods of the Service are in ambient
+	// mode and no waypoint is bound to it: ztunnel clients balance without the weights.
+	ReasonAmbientWithoutWaypoint = "AmbientWithoutWaypoint"
 	// ReasonServiceEntryNotOwned: a ServiceEntry with the operator's name exists and is not ours;
 	// the operator never overwrites a user's object.
 	ReasonServiceEntryNotOwned = "ServiceEntryNotOwned"

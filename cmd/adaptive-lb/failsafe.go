@@ -60,8 +60,10 @@ label: written by an older operator), so the mesh falls back to the Kubernetes e
 keeping endpoints that go stale. Another installation's are never touched. When the operator sees
 the cluster again it re-creates them. On each deleted ServiceEntry's AdaptiveLoadBalancer it sets
 EndpointsMirrored=False (OperatorUnavailable), so that no status claims Ready for a Service the
-operator no longer serves. It needs to read the two Leases, to list and delete ServiceEntries, and
-to read AdaptiveLoadBalancers and patch their status, nothing else.
+operator no longer serves. At every check, whether or not an operator leads, it also deletes those
+whose Service is gone: a ServiceEntry must never outlive its Service. It needs to read the two
+Leases, to list Services, to list and delete ServiceEntries, and to read AdaptiveLoadBalancers and
+patch their status, nothing else.
 
 With --uninstall (the chart's post-delete hook) it waits until no operator holds the lease, deletes
 the managed ServiceEntries and exits.`,
@@ -189,6 +191,9 @@ func (w *watchdog) heartbeatRecord(ctx context.Context) (record string, renewed 
 // once a second reading finds the record unchanged: the renew time is the operator's clock, and
 // an operator whose node runs minutes behind would look stale at the first reading.
 func (w *watchdog) check(ctx context.Context) {
+	if _, err := w.deleteWithoutService(ctx); err != nil {
+		w.logger.Error(err, "deleting the ServiceEntries whose Service is gone failed; retrying at the next check")
+	}
 	now := w.clock.Now()
 	record, renewed, err := w.heartbeatRecord(ctx)
 	if err != nil {

@@ -264,8 +264,13 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: operatorNamespace,
 		Labels: map[string]string{controller.ManagedByLabel: controller.ManagedByValue}}}
 	se.Spec.Hosts = []string{"web.example.internal"}
-	if err := admin.Create(ctx, se); err != nil {
-		t.Fatal(err)
+	// Its Service exists: the watchdog deletes a ServiceEntry whose Service is gone at once.
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: operatorNamespace},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	for _, o := range []client.Object{svc, se} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
 	}
 	present := func() bool {
 		err := admin.Get(ctx, types.NamespacedName{Namespace: operatorNamespace, Name: "web"}, &networkingv1.ServiceEntry{})
@@ -403,5 +408,31 @@ func TestRun_DeletesOrphanedServiceEntriesAtStart(t *testing.T) {
 	c.waitFor("the orphaned ServiceEntry is deleted at start", func() bool {
 		err := c.admin.Get(c.ctx, client.ObjectKeyFromObject(orphan), &networkingv1.ServiceEntry{})
 		return apierrors.IsNotFound(err)
+	}, logs)
+}
+
+// A ServiceEntry never outlives its Service: with no operator running and the lease far from
+// stale, the watchdog deletes the ServiceEntry of a Service that is gone (without it, istiod
+// would keep the ServiceEntry as the host's only service), and leaves it while the Service is
+// there.
+func TestFailsafe_DeletesAServiceEntryWhoseServiceIsGone(t *testing.T) {
+	c := newOpsCluster(t)
+	c.setReady(2)
+	c.createALB()
+	stopA, logsA := c.start("A", false)
+	c.waitForEndpoints(2, logsA)
+	stopA() // a crash: the lease stays, unrenewed, far from stale below
+	stopWatchdog, logs := c.startFailsafe("--stale-after", "10m", "--check-interval", "200ms", "--log-level", "debug")
+	defer stopWatchdog()
+	c.waitFor("a few checks", func() bool { return strings.Count(logs.String(), "leader lease fresh") >= 5 }, logs)
+	if c.serviceEntryGone() {
+		t.Fatalf("the watchdog deleted the ServiceEntry of an existing Service:\n%s", logs)
+	}
+	if err := c.admin.Delete(c.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: opsApp, Name: "web"}}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor("the watchdog deletes the ServiceEntry whose Service is gone", c.serviceEntryGone, logs)
+	c.waitFor("the deletion is logged", func() bool {
+		return strings.Contains(logs.String(), "deleted a ServiceEntry whose Service is gone")
 	}, logs)
 }

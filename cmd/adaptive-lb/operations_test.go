@@ -67,6 +67,8 @@ func operatorEnvWith(t testing.TB, flags map[string]string, mutateRole func(*uns
 		}
 	}
 	mustCreate(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}})
+	// Istio is installed first: config/rbac binds a Role in istiod's namespace.
+	mustCreate(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}})
 	applyDir(t, admin, filepath.Join("..", "..", "config", "rbac"), mutateRole)
 
 	// A kubeconfig that acts as the operator's ServiceAccount, nothing more.

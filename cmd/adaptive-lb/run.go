@@ -42,6 +42,7 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
 	"github.com/adaptive-lb/adaptive-lb/internal/progress"
 	"github.com/adaptive-lb/adaptive-lb/internal/pushmodel"
@@ -74,6 +75,7 @@ type runOptions struct {
 	endpointWeightMetrics    bool
 	allowQueryOverrides      bool
 	watchNamespaces          []string
+	mesh                     controller.MeshSource
 	logOutput                io.Writer // the command's stderr
 	source                   *metricsSourceFlags
 	sourceConfig             metrics.Config
@@ -123,6 +125,9 @@ func newRunCmd() *cobra.Command {
 	f.DurationVar(&o.cycleTimeout, "cycle-timeout", controller.DefaultCycleTimeout, "how long one weight cycle may take (reading the cluster, the metrics fetch and the burst of writes); writes it leaves out go to the next cycle, and every Service's status is still written")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
+	f.StringVar(&o.mesh.IstioNamespace, "istio-namespace", "istio-system", "istiod's namespace, where its ConfigMap, Deployments and remote secrets are read (mesh config, version, other clusters)")
+	f.StringVar(&o.mesh.MeshConfigMap, "istio-mesh-configmap", "istio", "istiod's ConfigMap in --istio-namespace, whose mesh and meshNetworks keys are read (istio-<revision> for a revisioned istiod)")
+	f.StringVar(&o.mesh.IstioVersion, "istio-version", "", "istiod's version, such as 1.29.2, when its Deployment carries no app.kubernetes.io/version label (Istio before 1.24, or istiod outside the cluster); Services in ambient mode need it")
 	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
 	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
 	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
@@ -174,6 +179,15 @@ func (o *runOptions) validate() error {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
 			return newUsageError("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
 		}
+	}
+	if errs := validation.IsDNS1123Label(o.mesh.IstioNamespace); len(errs) > 0 {
+		return newUsageError("--istio-namespace: %q is not a namespace name: %s", o.mesh.IstioNamespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(o.mesh.MeshConfigMap); len(errs) > 0 {
+		return newUsageError("--istio-mesh-configmap: %q is not a ConfigMap name: %s", o.mesh.MeshConfigMap, strings.Join(errs, "; "))
+	}
+	if _, ok := istio.ParseVersion(o.mesh.IstioVersion); o.mesh.IstioVersion != "" && !ok {
+		return newUsageError("--istio-version %q must be an Istio release such as 1.29.2", o.mesh.IstioVersion)
 	}
 	return nil
 }
@@ -388,7 +402,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	// or watch refused, or silent) stops the mirror and the heartbeat. One per manager: a rebuilt
 	// manager's informers start afresh.
 	tracker := controller.NewInformerProgress(progress.DefaultConfig())
-	cacheOpts, err := controller.WithProgress(controller.CacheOptions(o.watchNamespaces...), cfg, tracker)
+	cacheOpts, err := controller.WithProgress(controller.CacheOptionsFor(o.mesh, o.watchNamespaces...), cfg, tracker)
 	if err != nil {
 		return err
 	}
@@ -427,6 +441,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
 		Metrics:       shared.metrics,
 		ClusterDomain: o.clusterDomain,
+		Mesh:          o.mesh,
 
 		StaleServiceEntryTimeout: o.staleServiceEntryTimeout,
 		InstallID:                shared.installID,

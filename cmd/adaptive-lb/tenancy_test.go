@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -108,8 +109,8 @@ func TestOperations_OwnerReferencePermissionEnforcement(t *testing.T) {
 }
 
 // namespacedRBAC grants the operator's ServiceAccount the generated rules (config/rbac/role.yaml)
-// as a Role in each namespace, and nodes through a ClusterRole of their own: what the chart
-// renders with watchNamespaces.
+// as a Role in each namespace, the generated Role in istiod's namespace, and nodes and
+// namespaces through a ClusterRole of their own: what the chart renders with watchNamespaces.
 func namespacedRBAC(t *testing.T, admin client.Client, namespaces ...string) {
 	t.Helper()
 	ctx := context.Background()
@@ -117,11 +118,29 @@ func namespacedRBAC(t *testing.T, admin client.Client, namespaces ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	docs := strings.Split(string(data), "\n---\n")
+	if len(docs) != 2 {
+		t.Fatalf("config/rbac/role.yaml has %d documents, want the ClusterRole and the Role in istiod's namespace", len(docs))
+	}
 	var generated rbacv1.ClusterRole
-	if err := yaml.Unmarshal(data, &generated); err != nil {
+	var istioRole rbacv1.Role
+	if err := yaml.Unmarshal([]byte(docs[0]), &generated); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(docs[1]), &istioRole); err != nil {
 		t.Fatal(err)
 	}
 	sa := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "adaptive-lb", Namespace: operatorNamespace}}
+	istioRole.ResourceVersion = ""
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: istioRole.Namespace}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	for _, o := range []client.Object{&istioRole, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb", Namespace: istioRole.Namespace}, Subjects: sa,
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: istioRole.Name}}} {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, ns := range namespaces {
 		for _, o := range []client.Object{
 			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb", Namespace: ns}, Rules: generated.Rules},
@@ -134,7 +153,7 @@ func namespacedRBAC(t *testing.T, admin client.Client, namespaces ...string) {
 		}
 	}
 	for _, o := range []client.Object{
-		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb-nodes"}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}}}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb-nodes"}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"namespaces", "nodes"}, Verbs: []string{"get", "list", "watch"}}}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "adaptive-lb-nodes"}, Subjects: sa,
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "adaptive-lb-nodes"}},
 	} {

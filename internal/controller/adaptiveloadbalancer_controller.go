@@ -102,6 +102,9 @@ type AdaptiveLoadBalancerReconciler struct {
 	// through it): the mirror writes nothing from an informer that has stopped following the
 	// cluster, and deletes the ServiceEntry once that has lasted StaleServiceEntryTimeout.
 	Progress *progress.Tracker
+	// Mesh says where the mesh facts are read (zero: DefaultMeshSource).
+	Mesh MeshSource
+	mesh *meshFacts
 
 	// failingSince holds, per AdaptiveLoadBalancer whose mirror fails, when the failures began.
 	failingSince sync.Map // types.NamespacedName → time.Time
@@ -129,6 +132,12 @@ type AdaptiveLoadBalancerReconciler struct {
 // +kubebuilder:rbac:groups=networking.istio.io,resources=destinationrules,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
+// The mesh facts (meshfacts.go): namespaces' ambient and waypoint labels, and in istiod's
+// namespace its ConfigMap, its Deployments' version label and its remote secrets (their
+// metadata only is cached; list is the verb a metadata watch needs).
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=istio-system,resources=configmaps;secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,namespace=istio-system,resources=deployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -218,6 +227,8 @@ type mirrorOutcome struct {
 	endpoints     []istio.Endpoint
 	keepEndpoints bool // an API failure: leave the last reported endpoints in status
 	wroteWeights  bool
+	// enforcement says whether the clients apply the weights (with a ServiceEntry written).
+	enforcement istio.Enforcement
 }
 
 func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (mirrorOutcome, error) {
@@ -335,18 +346,16 @@ func (r *AdaptiveLoadBalancerReconciler) ofAPreviousIncarnation(ctx context.Cont
 // mirrorOwned writes the desired ServiceEntry over existing, which alb controls or takes over.
 func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry) (mirrorOutcome, error) {
 	in, err := r.gather(ctx, alb, svc, existing)
-	if err != nil {
-		return mirrorOutcome{}, err
+	var spec *apinetworkingv1.ServiceEntry
+	var endpoints []istio.Endpoint
+	if err == nil {
+		spec, endpoints, err = istio.Build(in)
 	}
-	spec, endpoints, err := istio.Build(in)
-	if errors.Is(err, istio.ErrUnsupported) || errors.Is(err, istio.ErrNoPorts) {
-		reason := adlbv1.ReasonUnsupported
-		if errors.Is(err, istio.ErrNoPorts) {
-			reason = adlbv1.ReasonNoPorts
-		}
-		// The Service may have changed into a shape that cannot be mirrored (a port renamed,
-		// an exportTo annotation): a ServiceEntry written for its old shape is now wrong, and a
-		// frozen copy routes to pods that are gone, so it goes.
+	if reason := refusalReason(err); reason != "" {
+		// The Service or the mesh may have changed into a shape that cannot be mirrored (a port
+		// renamed, an exportTo annotation, a second cluster, another owner's ServiceEntry): a
+		// ServiceEntry written for the old shape is now wrong, and a frozen copy routes to pods
+		// that are gone, so it goes.
 		if delErr := r.deleteOwnedServiceEntry(ctx, alb, reason); delErr != nil {
 			return mirrorOutcome{}, delErr
 		}
@@ -413,8 +422,9 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 		r.Membership.Replanned(client.ObjectKeyFromObject(alb), byIP, appliedBefore(existing, in.Pods))
 	}
 	return mirrorOutcome{
-		status: metav1.ConditionTrue,
-		reason: adlbv1.ReasonMirrored,
+		enforcement: istio.Enforce(in, endpoints),
+		status:      metav1.ConditionTrue,
+		reason:      adlbv1.ReasonMirrored,
 		// No endpoint count here: a message that changes with every endpoint change would defeat
 		// the throttle on endpoint-only status writes (the count is in status.endpointCount).
 		message:      fmt.Sprintf("ServiceEntry %s mirrors the ready endpoints of Service %s", svc.Name, svc.Name),
@@ -508,6 +518,14 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 	if err := r.List(ctx, &slices, client.InNamespace(svc.Namespace), client.MatchingFields{indexSliceService: svc.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return istio.Input{}, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
+	mesh, err := r.mesh.gather(ctx, r.Client)
+	if err != nil {
+		return istio.Input{}, err
+	}
+	others, err := r.otherServiceEntries(ctx, alb, svc)
+	if err != nil {
+		return istio.Input{}, err
+	}
 	in := istio.Input{
 		Service:       svc,
 		Pods:          map[string]*corev1.Pod{},
@@ -516,6 +534,14 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 		Ports:         alb.Spec.Ports,
 		ExportTo:      alb.Spec.ExportTo,
 		MaxEndpoints:  r.MaxEndpoints,
+		Mesh:          mesh,
+		Others:        others,
+	}
+	ns := &corev1.Namespace{}
+	if err := r.Get(ctx, types.NamespacedName{Name: svc.Namespace}, ns, client.UnsafeDisableDeepCopy); err == nil {
+		in.Namespace = ns
+	} else if !apierrors.IsNotFound(err) {
+		return istio.Input{}, fmt.Errorf("get Namespace %s: %w", svc.Namespace, err)
 	}
 	for i := range slices.Items {
 		s := &slices.Items[i]
@@ -555,6 +581,28 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes, recent)
 	in.ReservedBytes = recordBytes(in.Pods)
 	return in, nil
+}
+
+// refusalReason is the condition reason for a Service the mirror cannot represent, or "" when
+// err is no such refusal. Each refusal removes the ServiceEntry.
+func refusalReason(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, istio.ErrUnsupported):
+		return adlbv1.ReasonUnsupported
+	case errors.Is(err, istio.ErrNoPorts):
+		return adlbv1.ReasonNoPorts
+	case errors.Is(err, istio.ErrMultiCluster):
+		return adlbv1.ReasonMultiCluster
+	case errors.Is(err, istio.ErrAmbientIstioVersion):
+		return adlbv1.ReasonAmbientUnsupportedIstioVersion
+	case errors.Is(err, istio.ErrConflict):
+		return adlbv1.ReasonConflict
+	case errors.Is(err, istio.ErrMeshConfig):
+		return adlbv1.ReasonMeshConfigInvalid
+	}
+	return ""
 }
 
 // apply creates or updates the ServiceEntry when, and only when, the desired spec or record
@@ -740,6 +788,9 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 			(c.ObservedGeneration != gen && modeOnlyReason(c.Reason))):
 			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, true))
 		}
+		if c := weightsEnforcedCondition(o, gen); c != nil {
+			meta.SetStatusCondition(&status.Conditions, *c)
+		}
 		if !o.keepEndpoints {
 			if alb.Spec.Mode != adlbv1.ModeDryRun {
 				ws, pods := map[string]int{}, map[string]string{}
@@ -779,6 +830,27 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		r.statusThrottle.wrote(key, r.Clock.Now())
 	}
 	return max(wait, 0), nil
+}
+
+// weightsEnforcedCondition is WeightsEnforced for the mirror's outcome: what the mirror found
+// about the clients when it wrote the ServiceEntry, False NoServiceEntry when there is none, and
+// nil (unchanged) after an API failure, which decided nothing.
+func weightsEnforcedCondition(o mirrorOutcome, gen int64) *metav1.Condition {
+	c := &metav1.Condition{Type: adlbv1.ConditionWeightsEnforced, ObservedGeneration: gen}
+	switch {
+	case o.status == metav1.ConditionTrue && o.enforcement.Reason == "":
+		return nil // an outcome that evaluated no clients (none in production) decides nothing
+	case o.status == metav1.ConditionTrue:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, string(o.enforcement.Reason), o.enforcement.Message
+		if o.enforcement.Enforced {
+			c.Status = metav1.ConditionTrue
+		}
+	case o.reason == adlbv1.ReasonWriteFailed || o.keepEndpoints:
+		return nil
+	default:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry, "no ServiceEntry to weight; see EndpointsMirrored"
+	}
+	return c
 }
 
 // modeOnlyReason reports whether a WeightsApplied reason follows from the mode alone.

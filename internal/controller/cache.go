@@ -5,9 +5,12 @@ import (
 	"strconv"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,6 +26,13 @@ import (
 // With namespaces, namespaced objects are watched in those namespaces only (the operator then
 // needs Roles there, not a ClusterRole); nodes, cluster-scoped, are still watched cluster-wide.
 func CacheOptions(namespaces ...string) cache.Options {
+	return CacheOptionsFor(DefaultMeshSource(), namespaces...)
+}
+
+// CacheOptionsFor is CacheOptions for the mesh facts read where src says: in istiod's namespace
+// only its ConfigMap, the metadata of its Deployments (app=istiod) and of its remote secrets
+// are cached; namespaces keep their labels only.
+func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 	var only map[string]cache.Config
 	for _, ns := range namespaces {
 		if only == nil {
@@ -30,6 +40,7 @@ func CacheOptions(namespaces ...string) cache.Options {
 		}
 		only[ns] = cache.Config{}
 	}
+	istiod := func(c cache.Config) map[string]cache.Config { return map[string]cache.Config{src.IstioNamespace: c} }
 	return cache.Options{
 		DefaultNamespaces: only,
 		DefaultTransform:  cache.TransformStripManagedFields(),
@@ -39,6 +50,10 @@ func CacheOptions(namespaces ...string) cache.Options {
 			&corev1.Service{}:            {Transform: trimService},
 			&discoveryv1.EndpointSlice{}: {Transform: trimEndpointSlice},
 			&networkingv1.ServiceEntry{}: {Transform: trimForeignServiceEntry},
+			&corev1.Namespace{}:          {Transform: trimNamespace},
+			&corev1.ConfigMap{}:          {Namespaces: istiod(cache.Config{FieldSelector: fields.OneTermEqualSelector("metadata.name", src.MeshConfigMap)})},
+			&corev1.Secret{}:             {Namespaces: istiod(cache.Config{LabelSelector: labels.SelectorFromSet(labels.Set{RemoteSecretLabel: "true"})})},
+			&appsv1.Deployment{}:         {Namespaces: istiod(cache.Config{LabelSelector: labels.SelectorFromSet(labels.Set{IstiodAppLabel: "istiod"})})},
 		},
 	}
 }
@@ -78,6 +93,9 @@ func trimPod(obj any) (any, error) {
 	if istio.HasSidecar(pod) {
 		out.Annotations[istio.SidecarStatusAnnotation] = "" // only its presence is read
 	}
+	if istio.Enrolled(pod) {
+		out.Annotations[istio.AmbientRedirectionAnnotation] = istio.AmbientRedirectionEnabled
+	}
 	for _, c := range pod.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			out.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
@@ -105,7 +123,8 @@ func trimNode(obj any) (any, error) {
 }
 
 // trimForeignServiceEntry keeps other owners' ServiceEntries (a mesh may hold thousands) as
-// metadata only: the mirror needs to know that one is in the way of a Service, never its spec.
+// their metadata, hosts and exportTo only: the mirror needs to know that one is in the way of a
+// Service (by name, or by declaring its host for the same clients), never the rest of its spec.
 // The operator's own, by label or by owner, are kept whole. A label selector on the watch would
 // drop them from the cache instead, and an edit that removed the label would then go unseen.
 func trimForeignServiceEntry(obj any) (any, error) {
@@ -121,11 +140,25 @@ func trimForeignServiceEntry(obj any) (any, error) {
 	out := &networkingv1.ServiceEntry{TypeMeta: se.TypeMeta}
 	out.ObjectMeta = trimmedMeta(se.ObjectMeta)
 	out.Labels = se.Labels
+	out.Spec.Hosts, out.Spec.ExportTo = se.Spec.Hosts, se.Spec.ExportTo
+	return out, nil
+}
+
+// trimNamespace keeps a namespace's labels (ambient mode, waypoint, network).
+func trimNamespace(obj any) (any, error) {
+	ns, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return obj, nil
+	}
+	out := &corev1.Namespace{TypeMeta: ns.TypeMeta}
+	out.ObjectMeta = trimmedMeta(ns.ObjectMeta)
+	out.Labels = ns.Labels
 	return out, nil
 }
 
 // trimService drops annotations (kubectl's last-applied copy of the whole object is the usual
-// bulk) except Istio's exportTo, and the status; the spec is read whole.
+// bulk) except Istio's exportTo, and the status except istiod's istio.io/WaypointBound
+// condition; the spec is read whole.
 func trimService(obj any) (any, error) {
 	svc, ok := obj.(*corev1.Service)
 	if !ok {
@@ -137,6 +170,11 @@ func trimService(obj any) (any, error) {
 	// istio.Build keeps the ServiceEntry's exportTo within the Service's own.
 	if v, ok := svc.Annotations[istio.ExportToAnnotation]; ok {
 		out.Annotations = map[string]string{istio.ExportToAnnotation: v}
+	}
+	for _, c := range svc.Status.Conditions {
+		if c.Type == istio.WaypointBoundCondition {
+			out.Status.Conditions = []metav1.Condition{c}
+		}
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,8 @@ const (
 	// indexServiceEntryController maps a ServiceEntry to the UID of the AdaptiveLoadBalancer
 	// that controls it.
 	indexServiceEntryController = "metadata.ownerReferences.controller"
+	// indexServiceEntryHost maps a ServiceEntry to its hosts, lower-cased.
+	indexServiceEntryHost = "spec.hosts"
 )
 
 // SetupIndexes registers the cache indexes the reconciler queries.
@@ -59,6 +62,9 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		}
 		return pods
 	}); err != nil {
+		return err
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &networkingv1.ServiceEntry{}, indexServiceEntryHost, serviceEntryHosts); err != nil {
 		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &networkingv1.ServiceEntry{}, indexServiceEntryController, func(o client.Object) []string {
@@ -85,6 +91,10 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	if r.ClusterDomain == "" {
 		r.ClusterDomain = "cluster.local"
 	}
+	if r.Mesh == (MeshSource{}) {
+		r.Mesh = DefaultMeshSource()
+	}
+	r.mesh = &meshFacts{source: r.Mesh}
 	r.propagation = newPropagationTracker()
 	if r.Versions == nil {
 		r.Versions = &ServiceEntryVersions{}
@@ -113,14 +123,21 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
 		Watches(&networkingv1.ServiceEntry{}, r.serviceEntryDeleted()).
+		Watches(&networkingv1.ServiceEntry{}, handler.EnqueueRequestsFromMapFunc(r.forServiceEntryHosts), builder.WithPredicates(foreignServiceEntry())).
 		Watches(&adlbv1.AdaptiveLoadBalancer{}, r.unblockOnRelease()).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(r.forService)).
 		Watches(&discoveryv1.EndpointSlice{}, r.sliceHandler()).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.forPod), builder.WithPredicates(podChanged())).
 		// Nodes are cached trimmed to their labels and allocatable CPU (CacheOptions); only a
 		// change of their locality or instance type moves the mirror's output.
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.every), builder.WithPredicates(topologyChanged())).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
 		WatchesRawSource(source.Channel(informerChanges, handler.EnqueueRequestsFromMapFunc(r.every))).
+		// The mesh facts (meshfacts.go): a namespace's labels (ambient, waypoint, and istiod's
+		// network), istiod's ConfigMap, Deployments and remote secrets.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.forNamespace), builder.WithPredicates(labelsChanged())).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject)).
+		WatchesMetadata(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
@@ -204,10 +221,55 @@ func (r *AdaptiveLoadBalancerReconciler) forPod(ctx context.Context, o client.Ob
 	return reqs
 }
 
-// every re-mirrors every AdaptiveLoadBalancer: when a node's topology labels change, which is
-// rare (the locality of its pods' endpoints depends on them), and when an informer goes blind or
-// recovers.
+// every re-mirrors every AdaptiveLoadBalancer when an informer goes blind or recovers.
 func (r *AdaptiveLoadBalancerReconciler) every(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.all(ctx)
+}
+
+// forNamespace re-mirrors the AdaptiveLoadBalancers of a namespace whose labels changed (its
+// ambient mode or waypoint), and every one when it is istiod's (the cluster's network).
+func (r *AdaptiveLoadBalancerReconciler) forNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	if o.GetName() == r.Mesh.IstioNamespace {
+		return r.all(ctx)
+	}
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := r.List(ctx, &list, client.InNamespace(o.GetName()), client.UnsafeDisableDeepCopy); err != nil {
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, alb := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
+	}
+	return reqs
+}
+
+// forMeshObject re-mirrors every AdaptiveLoadBalancer when one of the mesh-wide facts changes:
+// istiod's ConfigMap, its version, its remote secrets. The cache holds only those objects (see
+// CacheOptions), and they change rarely.
+func (r *AdaptiveLoadBalancerReconciler) forMeshObject(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.all(ctx)
+}
+
+// forServiceEntryHosts re-mirrors the AdaptiveLoadBalancers of the Services whose host another
+// owner's ServiceEntry declares (created, changed or deleted): it may now be in their way, or
+// no longer.
+func (r *AdaptiveLoadBalancerReconciler) forServiceEntryHosts(ctx context.Context, o client.Object) []reconcile.Request {
+	var reqs []reconcile.Request
+	suffix := ".svc." + strings.ToLower(r.ClusterDomain)
+	for _, host := range serviceEntryHosts(o) {
+		rest, ok := strings.CutSuffix(host, suffix)
+		if !ok {
+			continue
+		}
+		if name, namespace, ok := strings.Cut(rest, "."); ok && !strings.Contains(namespace, ".") {
+			reqs = append(reqs, r.targeting(ctx, namespace, name)...)
+		}
+	}
+	return reqs
+}
+
+// all lists every AdaptiveLoadBalancer.
+func (r *AdaptiveLoadBalancerReconciler) all(ctx context.Context) []reconcile.Request {
 	var list adlbv1.AdaptiveLoadBalancerList
 	if err := r.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return nil
@@ -217,6 +279,28 @@ func (r *AdaptiveLoadBalancerReconciler) every(ctx context.Context, _ client.Obj
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: alb.Namespace, Name: alb.Name}})
 	}
 	return reqs
+}
+
+// foreignServiceEntry passes the ServiceEntries the operator does not manage.
+func foreignServiceEntry() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetLabels()[ManagedByLabel] != ManagedByValue
+	})
+}
+
+// labelsChanged passes creations, deletions and label changes.
+func labelsChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !labels.Equals(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
+		},
+	}
+}
+
+// forNode re-mirrors every AdaptiveLoadBalancer when a node's topology labels change, which is
+// rare; the locality of its pods' endpoints depends on them.
+func (r *AdaptiveLoadBalancerReconciler) forNode(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.all(ctx)
 }
 
 // podChanged passes the pod events that can change a ServiceEntry: labels (subsets), deletion
@@ -235,6 +319,7 @@ func podChanged() predicate.Predicate {
 				oldPod.Spec.NodeName != newPod.Spec.NodeName ||
 				oldPod.Spec.ServiceAccountName != newPod.Spec.ServiceAccountName ||
 				podReady(oldPod) != podReady(newPod) ||
+				istio.Enrolled(oldPod) != istio.Enrolled(newPod) ||
 				hasAnnotation(oldPod, istio.SidecarStatusAnnotation) != hasAnnotation(newPod, istio.SidecarStatusAnnotation)
 		},
 	}

@@ -20,8 +20,8 @@ import (
 // Status ownership. Two writers share an AdaptiveLoadBalancer's status: the reconciler (the
 // endpoint mirror) and the weight cycle. Each condition has one owner:
 //
-//   - EndpointsMirrored, observedGeneration, serviceEntry, endpointCount and the endpoint list's
-//     membership (pod, ip, zone, weight outside DryRun): the reconciler;
+//   - EndpointsMirrored, WeightsEnforced, observedGeneration, serviceEntry, endpointCount and the
+//     endpoint list's membership (pod, ip, zone, weight outside DryRun): the reconciler;
 //   - MetricsAvailable, WeightsApplied, lastWeightWrite and each endpoint's reason and signals
 //     (and weight in DryRun): the weight cycle. Two exceptions, both tied to the ServiceEntry's
 //     existence, which the reconciler decides: it sets WeightsApplied=False NoServiceEntry when
@@ -81,7 +81,8 @@ func updateStatus(ctx context.Context, c client.Client, reader client.Reader, al
 
 // readyCondition summarises the other conditions. Ready is False, with the first failing
 // condition's reason and message, when the endpoints are not mirrored, the weights could not be
-// written or wait for the budget, or the metrics are failing, stale or partly broken; Unknown
+// written or wait for the budget, the clients do not apply them (ambient without a waypoint),
+// or the metrics are failing, stale or partly broken; Unknown
 // before the mirror has reported; True otherwise (DryRun and Frozen are deliberate, not faults).
 func readyCondition(conds []metav1.Condition, gen int64) metav1.Condition {
 	ready := metav1.Condition{Type: adlbv1.ConditionReady, ObservedGeneration: gen}
@@ -97,6 +98,10 @@ func readyCondition(conds []metav1.Condition, gen int64) metav1.Condition {
 	if w := meta.FindStatusCondition(conds, adlbv1.ConditionWeightsApplied); w != nil && w.Status == metav1.ConditionFalse &&
 		w.Reason != adlbv1.ReasonDryRun && w.Reason != adlbv1.ReasonFrozen {
 		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, w.Reason, "WeightsApplied: "+w.Message
+		return ready
+	}
+	if e := meta.FindStatusCondition(conds, adlbv1.ConditionWeightsEnforced); e != nil && e.Status == metav1.ConditionFalse {
+		ready.Status, ready.Reason, ready.Message = metav1.ConditionFalse, e.Reason, "WeightsEnforced: "+e.Message
 		return ready
 	}
 	if m := meta.FindStatusCondition(conds, adlbv1.ConditionMetricsAvailable); m != nil && m.Status == metav1.ConditionFalse {

@@ -163,6 +163,12 @@ func TestReadyCondition_SummarisesTheOthers(t *testing.T) {
 		"stale metrics are not Ready": {[]metav1.Condition{mirrored,
 			cond(adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied),
 			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsStale)}, metav1.ConditionFalse, adlbv1.ReasonMetricsStale},
+		"ambient clients without a waypoint are not Ready": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonWeightsApplied),
+			cond(adlbv1.ConditionWeightsEnforced, metav1.ConditionFalse, adlbv1.ReasonAmbientWithoutWaypoint),
+			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionTrue, adlbv1.ReasonMetricsOK)}, metav1.ConditionFalse, adlbv1.ReasonAmbientWithoutWaypoint},
+		"weights enforced through a waypoint are Ready": {[]metav1.Condition{mirrored,
+			cond(adlbv1.ConditionWeightsEnforced, metav1.ConditionTrue, adlbv1.ReasonEnforcedByWaypoint)}, metav1.ConditionTrue, adlbv1.ReasonMirrored},
 		"metrics not fetched yet is still Ready": {[]metav1.Condition{mirrored,
 			cond(adlbv1.ConditionMetricsAvailable, metav1.ConditionUnknown, adlbv1.ReasonAwaitingMetrics)}, metav1.ConditionTrue, adlbv1.ReasonMirrored},
 	}

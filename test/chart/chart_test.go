@@ -64,6 +64,15 @@ func TestChart_ClusterRoleIsExactlyTheOperatorsGeneratedRole(t *testing.T) {
 	if !reflect.DeepEqual(role.Object["rules"], generated["rules"]) {
 		t.Fatalf("chart rules differ from config/rbac/role.yaml (run make manifests):\n%v\n%v", role.Object["rules"], generated["rules"])
 	}
+	// The Role in istiod's namespace is the generated one, bound to the operator.
+	istioRole := configObjects(t, "../../config/rbac/role.yaml")["Role/adaptive-lb"]
+	rendered := objs["Role/lb-adaptive-lb-istio"]
+	if istioRole == nil || rendered == nil || rendered.GetNamespace() != "istio-system" || !reflect.DeepEqual(rendered.Object["rules"], istioRole.Object["rules"]) {
+		t.Fatalf("the Role in istio-system %v differs from config/rbac/role.yaml's %v (run make manifests)", rendered, istioRole)
+	}
+	if b := objs["RoleBinding/lb-adaptive-lb-istio"]; b == nil || b.GetNamespace() != "istio-system" {
+		t.Fatalf("RoleBinding in istio-system %v", b)
+	}
 	// The lease Role stays in the release namespace.
 	lease := objs["Role/lb-adaptive-lb-leader-election"]
 	if lease == nil || lease.GetNamespace() != "adaptive-lb-system" {
@@ -155,12 +164,15 @@ func TestChart_AppliesToARealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	ns := &unstructured.Unstructured{}
-	ns.SetAPIVersion("v1")
-	ns.SetKind("Namespace")
-	ns.SetName("adaptive-lb-system")
-	if err := c.Create(ctx, ns); err != nil {
-		t.Fatal(err)
+	// Istio is installed first: the chart's Role for istiod's ConfigMap lives in its namespace.
+	for _, name := range []string{"adaptive-lb-system", "istio-system"} {
+		ns := &unstructured.Unstructured{}
+		ns.SetAPIVersion("v1")
+		ns.SetKind("Namespace")
+		ns.SetName(name)
+		if err := c.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// CRDs first, as helm installs them.
 	names := keys(objs)

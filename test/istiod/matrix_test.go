@@ -25,6 +25,8 @@ type shape struct {
 	mesh   func(*meshconfig.MeshConfig)
 	// unsupported, when set, is what Build's ErrUnsupported must say: no ServiceEntry is written.
 	unsupported string
+	// refused, when set, is the error Build must refuse the shape with (saying unsupported).
+	refused error
 }
 
 func defaultWorld(ports ...corev1.ServicePort) world {
@@ -65,6 +67,10 @@ func shapes() []shape {
 	exportBoth := defaultWorld(httpPort)
 	exportBoth.service.Annotations = map[string]string{"networking.istio.io/exportTo": "shop,istio-system"}
 	exportBoth.exportTo = []string{"*"}
+	// The mesh's defaultServiceExportTo hides a Service without an exportTo annotation; the
+	// AdaptiveLoadBalancer asks for every namespace.
+	exportMeshDefault := defaultWorld(httpPort)
+	exportMeshDefault.exportTo = []string{"*"}
 
 	return []shape{
 		{name: "port-http", world: defaultWorld(httpPort)},
@@ -159,8 +165,33 @@ spec:
 		{name: "exportTo-spec", world: exportSpec},
 		{name: "exportTo-service-annotation", world: exportAnnotation},
 		{name: "exportTo-annotation-and-spec", world: exportBoth},
+		{name: "mesh-defaultServiceExportTo", world: exportMeshDefault, mesh: func(m *meshconfig.MeshConfig) {
+			m.DefaultServiceExportTo = []string{"."}
+		}},
+		// istiod lists the other owner's copies first: the operator refuses (Conflict) rather
+		// than claim weights it cannot apply. TestForeignServiceEntryComesFirst shows why.
+		{name: "foreign-serviceentry", world: defaultWorld(httpPort), config: foreignServiceEntry, refused: istio.ErrConflict, unsupported: "ServiceEntry shop/api-weights also declares host api.shop.svc.cluster.local"},
 	}
 }
+
+// foreignServiceEntry is another owner's ServiceEntry for the weighted Service's host (the
+// published operator's, during a migration): the same pod IPs, weight 1, no locality.
+const foreignServiceEntry = `
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api-weights, namespace: shop}
+spec:
+  hosts: [api.shop.svc.cluster.local]
+  addresses: [10.96.0.10]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {number: 80, name: http-web, protocol: HTTP}
+  endpoints:
+  - {address: 10.1.0.1, ports: {http-web: 8080}, labels: {app: api}, weight: 1}
+  - {address: 10.1.0.2, ports: {http-web: 8080}, labels: {app: api}, weight: 1}
+  - {address: 10.1.0.3, ports: {http-web: 8080}, labels: {app: api}, weight: 1}
+`
 
 // dualStackWorld: a dual-stack Service (IPv4 first) whose pods have an IPv4 and an IPv6 address.
 func dualStackWorld() world {
@@ -188,11 +219,26 @@ func meshConfig(s shape) *meshconfig.MeshConfig {
 // the config without it, except the weight of the host Envoy keeps for each address.
 func TestServiceEntryChangesOnlyWeights(t *testing.T) {
 	for _, s := range shapes() {
-		t.Run(s.name, func(t *testing.T) {
-			if s.unsupported != "" {
+		t.Run(s.name, func(t *testing.T) { runShape(t, s) })
+	}
+}
+
+// runShape checks the differential invariant on one shape. The operator's builder gets the facts
+// istiod runs with: the mesh config's defaultServiceExportTo, and the other ServiceEntries of
+// the shape's config.
+func runShape(t *testing.T, s shape) {
+	{
+		{
+			s.world.mesh.DefaultServiceExportTo = meshConfig(s).DefaultServiceExportTo
+			s.world.others = otherServiceEntries(t, s.config)
+			if s.unsupported != "" || s.refused != nil {
+				want := s.refused
+				if want == nil {
+					want = istio.ErrUnsupported
+				}
 				_, _, err := istio.Build(s.world.input())
-				if !errors.Is(err, istio.ErrUnsupported) || !strings.Contains(err.Error(), s.unsupported) {
-					t.Fatalf("Build: err = %v, want ErrUnsupported saying %q", err, s.unsupported)
+				if !errors.Is(err, want) || !strings.Contains(err.Error(), s.unsupported) {
+					t.Fatalf("Build: err = %v, want %v saying %q", err, want, s.unsupported)
 				}
 				return
 			}
@@ -212,7 +258,7 @@ func TestServiceEntryChangesOnlyWeights(t *testing.T) {
 				after := fetch(t, f, c)
 				checkInvariant(t, c.name, before[i], after, wantWeight)
 			}
-		})
+		}
 	}
 }
 

@@ -3,6 +3,10 @@ package istiod
 import (
 	"fmt"
 	"strings"
+	"testing"
+
+	networkingclient "istio.io/client-go/pkg/apis/networking/v1"
+	"sigs.k8s.io/yaml"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -46,6 +50,9 @@ type podSpec struct {
 	// containerPorts names the container's ports, so a named targetPort resolves per pod.
 	containerPorts map[string]int32
 	weight         uint32
+	// ambient: the pod is enrolled in ambient mode (istio-cni's redirection annotation), with
+	// no sidecar.
+	ambient bool
 }
 
 // world is the Kubernetes side of one case.
@@ -55,6 +62,11 @@ type world struct {
 	nodes   map[string]map[string]string
 	// exportTo is the AdaptiveLoadBalancer's spec.exportTo.
 	exportTo []string
+	// namespaceLabels label the Service's namespace (istio.io/dataplane-mode, istio.io/use-waypoint).
+	namespaceLabels map[string]string
+	// mesh and others are the facts the operator gathers (istio.Input.Mesh and .Others).
+	mesh   istio.Mesh
+	others []istio.OtherServiceEntry
 }
 
 func defaultNodes() map[string]map[string]string {
@@ -127,6 +139,9 @@ func (p podSpec) pod() *corev1.Pod {
 		pod.Spec.Containers[0].Ports = append(pod.Spec.Containers[0].Ports, corev1.ContainerPort{Name: name, ContainerPort: number, Protocol: corev1.ProtocolTCP})
 	}
 	always := corev1.ContainerRestartPolicyAlways
+	if p.ambient {
+		pod.Annotations[istio.AmbientRedirectionAnnotation] = istio.AmbientRedirectionEnabled
+	}
 	switch p.sidecar {
 	case classicSidecar:
 		markInjected(&pod.ObjectMeta)
@@ -232,9 +247,7 @@ func (w world) slices() []*discoveryv1.EndpointSlice {
 // objects is everything the Kubernetes registry of the discovery server starts with.
 func (w world) objects() []runtime.Object {
 	var out []runtime.Object
-	for _, ns := range []string{targetNamespace, otherNamespace, clientNamespace, "istio-system"} {
-		out = append(out, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	}
+	out = append(out, w.namespaces()...)
 	for name, labels := range w.nodes {
 		out = append(out, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})
 	}
@@ -247,6 +260,24 @@ func (w world) objects() []runtime.Object {
 	}
 	out = append(out, otherObjects()...)
 	return out
+}
+
+// namespaces are the mesh's namespaces, with the world's labels on the Service's.
+func (w world) namespaces() []runtime.Object {
+	var out []runtime.Object
+	for _, ns := range []string{targetNamespace, otherNamespace, clientNamespace, "istio-system"} {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+		if ns == targetNamespace {
+			n.Labels = w.namespaceLabels
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// namespace is the Service's namespace as the operator reads it.
+func (w world) namespace() *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: targetNamespace, Labels: w.namespaceLabels}}
 }
 
 // otherObjects: the Service other/web with one pod, and the client pods.
@@ -306,6 +337,9 @@ func (w world) input() istio.Input {
 		DefaultWeight: 100,
 		ClusterDomain: clusterDomain,
 		ExportTo:      w.exportTo,
+		Namespace:     w.namespace(),
+		Mesh:          w.mesh,
+		Others:        w.others,
 	}
 	in.Slices = w.slices()
 	for _, p := range w.pods {
@@ -318,4 +352,22 @@ func (w world) input() istio.Input {
 		in.Nodes[name] = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
 	}
 	return in
+}
+
+// otherServiceEntries are the ServiceEntries of Istio YAML, as the operator's cache sees other
+// owners' ones.
+func otherServiceEntries(t *testing.T, yamlText string) []istio.OtherServiceEntry {
+	t.Helper()
+	var out []istio.OtherServiceEntry
+	for _, doc := range strings.Split(yamlText, "\n---\n") {
+		var se networkingclient.ServiceEntry
+		if err := yaml.Unmarshal([]byte(doc), &se); err != nil {
+			t.Fatalf("parse %q: %v", doc, err)
+		}
+		if se.Kind != "ServiceEntry" {
+			continue
+		}
+		out = append(out, istio.OtherServiceEntry{Namespace: se.Namespace, Name: se.Name, Hosts: se.Spec.Hosts, ExportTo: se.Spec.ExportTo})
+	}
+	return out
 }

@@ -23,9 +23,11 @@ import (
 	v3 "istio.io/istio/pilot/pkg/xds/v3"
 	"istio.io/istio/pilot/test/xds"
 	"istio.io/istio/pilot/test/xdstest"
+	"istio.io/istio/pkg/cluster"
 	"istio.io/istio/pkg/config"
 	"istio.io/istio/pkg/config/schema/gvk"
 	"istio.io/istio/pkg/config/validation"
+	"istio.io/istio/pkg/network"
 	"istio.io/istio/pkg/test/util/retry"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
@@ -43,6 +45,9 @@ type client struct {
 	pod       string
 	namespace string
 	labels    map[string]string
+	// cluster and network are the proxy's (default: the local cluster, no network).
+	cluster string
+	network string
 }
 
 func (c client) nodeID() string {
@@ -50,10 +55,15 @@ func (c client) nodeID() string {
 }
 
 func (c client) metadata() model.NodeMetadata {
+	clusterID := c.cluster
+	if clusterID == "" {
+		clusterID = "Kubernetes"
+	}
 	return model.NodeMetadata{
 		Namespace:    c.namespace,
 		Labels:       c.labels,
-		ClusterID:    "Kubernetes",
+		ClusterID:    cluster.ID(clusterID),
+		Network:      network.ID(c.network),
 		IstioVersion: "1.31.0",
 	}
 }
@@ -326,9 +336,10 @@ func compareResources[T proto.Message](d *diffs, kind string, without, with map[
 	}
 }
 
-// isTargetCluster: an outbound cluster of the weighted Service's host (any port, any subset).
+// isTargetCluster: an outbound cluster of the weighted Service's host (any port, any subset),
+// or a waypoint's inbound cluster for it.
 func isTargetCluster(name string) bool {
-	return strings.HasPrefix(name, "outbound|") && strings.HasSuffix(name, "|"+targetHost)
+	return (strings.HasPrefix(name, "outbound|") || strings.HasPrefix(name, "inbound-vip|")) && strings.HasSuffix(name, "|"+targetHost)
 }
 
 const targetHost = targetName + "." + targetNamespace + ".svc." + clusterDomain

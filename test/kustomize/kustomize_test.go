@@ -54,6 +54,10 @@ func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	// Istio is installed first: the operator's Role and RoleBinding live in istiod's namespace.
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}); err != nil {
+		t.Fatal(err)
+	}
 	// In kustomize's order (the Namespace and the CRD first), as kubectl apply -k sends them.
 	for _, o := range objs {
 		if err := c.Create(ctx, o); err != nil {
@@ -78,6 +82,8 @@ func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
 		leBind   rbacv1.RoleBinding
 		authRole rbacv1.ClusterRoleBinding
 		crd      apiextensionsv1.CustomResourceDefinition
+		istio    rbacv1.Role
+		istioBnd rbacv1.RoleBinding
 	)
 	get(ns("adaptive-lb"), &deploy)
 	get(ns("adaptive-lb"), &sa)
@@ -88,8 +94,13 @@ func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
 	get(ns("adaptive-lb-leader-election"), &leBind)
 	get(types.NamespacedName{Name: "adaptive-lb-metrics-auth"}, &authRole)
 	get(types.NamespacedName{Name: "adaptiveloadbalancers.adaptivelb.io"}, &crd)
+	get(types.NamespacedName{Namespace: "istio-system", Name: "adaptive-lb"}, &istio)
+	get(types.NamespacedName{Namespace: "istio-system", Name: "adaptive-lb"}, &istioBnd)
 	if t.Failed() {
 		return
+	}
+	if len(istioBnd.Subjects) != 1 || istioBnd.Subjects[0].Name != sa.Name || istioBnd.Subjects[0].Namespace != namespace || istioBnd.RoleRef.Name != istio.Name {
+		t.Errorf("the RoleBinding in istio-system does not bind %s to the ServiceAccount: %+v", istio.Name, istioBnd)
 	}
 
 	pod := deploy.Spec.Template

@@ -15,7 +15,6 @@ package istio
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
@@ -78,6 +77,12 @@ type Input struct {
 	// ReservedBytes is what the caller stores in the object beside the spec (its own
 	// annotations): it counts against MaxEncodedBytes with the spec.
 	ReservedBytes int
+	// Namespace is the Service's namespace (its ambient and waypoint labels); nil if unknown.
+	Namespace *corev1.Namespace
+	// Mesh is what the operator knows of the mesh (see Mesh).
+	Mesh Mesh
+	// Others are other owners' ServiceEntries that declare the Service's host (ErrConflict).
+	Others []OtherServiceEntry
 }
 
 // Endpoint is one mirrored endpoint, as the status reports it.
@@ -115,13 +120,22 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 	if err := CheckSupported(svc); err != nil {
 		return nil, nil, err
 	}
+	if err := checkMultiCluster(in); err != nil {
+		return nil, nil, err
+	}
+	if err := checkAmbient(in); err != nil {
+		return nil, nil, err
+	}
 	ports, err := selectPorts(svc, in.Ports)
 	if err != nil {
 		return nil, nil, err
 	}
-	exportTo, err := exportTo(svc, in.ExportTo)
+	exportTo, err := exportTo(svc, in.ExportTo, in.Mesh)
 	if err != nil {
 		return nil, nil, err
+	}
+	if conflicts := Conflicts(svc, in.ClusterDomain, exportTo, in.Mesh, in.Others); len(conflicts) > 0 {
+		return nil, nil, ConflictError(svc, in.ClusterDomain, conflicts)
 	}
 	wanted := make(map[string]bool, len(ports))
 	for _, p := range ports {
@@ -181,6 +195,7 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 					Labels:         endpointLabels(pod),
 					ServiceAccount: serviceAccount(pod),
 					Locality:       PodLocality(pod, node),
+					Network:        podNetwork(pod, in.Mesh),
 					Weight:         weight,
 				})
 				endpoints = append(endpoints, Endpoint{Pod: pod.Name, IP: addr, Zone: zone, Weight: weight})
@@ -211,61 +226,6 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 		return nil, nil, fmt.Errorf("Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return spec, endpoints, nil
-}
-
-// exportTo is where the ServiceEntry is visible: the requested namespaces, never wider than the
-// Service's own exportTo annotation. Where the Service is not visible the ServiceEntry would be
-// a new Service of its own: new clusters and listeners for proxies that had none.
-func exportTo(svc *corev1.Service, requested []string) ([]string, error) {
-	out, err := exportToAll(svc, requested)
-	if err != nil || len(out) == 0 {
-		return out, err
-	}
-	// "~" exports to no namespace. Alone, the ServiceEntry would be visible nowhere, its weights
-	// applied to no proxy, while the status reported them mirrored; beside namespaces it adds
-	// nothing (and istiod refuses the combination).
-	visible := slices.DeleteFunc(slices.Clone(out), func(ns string) bool { return ns == "~" })
-	if len(visible) == 0 {
-		return nil, fmt.Errorf("%w: service %s/%s is exported to no namespace (exportTo %q, spec.exportTo %v); the weights would apply nowhere. Export it to the namespaces of its clients", ErrUnsupported, svc.Namespace, svc.Name, svc.Annotations[ExportToAnnotation], requested)
-	}
-	return visible, nil
-}
-
-// exportToAll is exportTo before the "~" entries are dropped.
-func exportToAll(svc *corev1.Service, requested []string) ([]string, error) {
-	var annotated []string
-	for _, ns := range strings.Split(svc.Annotations[ExportToAnnotation], ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			annotated = append(annotated, ns)
-		}
-	}
-	switch {
-	case len(annotated) == 0 || slices.Contains(annotated, "*"):
-		return append([]string(nil), requested...), nil
-	case len(requested) == 0 || slices.Contains(requested, "*"):
-		return annotated, nil
-	}
-	// Both name namespaces: keep those in both, "." being the Service's own namespace.
-	own := func(ns string) string {
-		if ns == "." {
-			return svc.Namespace
-		}
-		return ns
-	}
-	visible := map[string]bool{}
-	for _, ns := range annotated {
-		visible[own(ns)] = true
-	}
-	var out []string
-	for _, ns := range requested {
-		if visible[own(ns)] && ns != "~" {
-			out = append(out, ns)
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: spec.exportTo %v shares no namespace with the exportTo annotation %q of service %s/%s; the weights would apply nowhere. Export to namespaces the Service is visible in", ErrUnsupported, requested, svc.Annotations[ExportToAnnotation], svc.Namespace, svc.Name)
-	}
-	return out, nil
 }
 
 // clusterIPs are the ServiceEntry's addresses: the Service's primary ClusterIP only. With both
@@ -425,6 +385,18 @@ func PodLocality(pod *corev1.Pod, node *corev1.Node) string {
 		return ""
 	}
 	return region + "/" + zone + "/" + subzone
+}
+
+// podNetwork is the network istiod gives the pod's Kubernetes endpoint: the pod's
+// topology.istio.io/network label, else the cluster's network. Without it the ServiceEntry's
+// copy would belong to no network, which istiod treats as reachable from every network: a
+// client in another network would get the pod's address instead of its network's gateway
+// (test/istiod TestServiceEntryAcrossNetworks).
+func podNetwork(pod *corev1.Pod, mesh Mesh) string {
+	if n := pod.Labels[NetworkLabel]; n != "" {
+		return n
+	}
+	return mesh.Network
 }
 
 // firstLabel returns the first non-empty value among keys.
