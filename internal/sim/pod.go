@@ -53,6 +53,8 @@ type pod struct {
 	// latencies counts completed requests by in-pod latency, as the destination sidecar's
 	// istio_request_duration_milliseconds histogram would.
 	latencies latencyHistogram
+	// latencySumMS sums the in-pod latencies in milliseconds: the histogram's _sum series.
+	latencySumMS float64
 }
 
 // inService is a request in service and the pod's vwork at which it completes.
