@@ -25,6 +25,7 @@ type simulateOptions struct {
 	duration     time.Duration
 	warmup       time.Duration
 	progress     bool
+	export       exportOptions
 
 	scenario *sim.Scenario
 }
@@ -71,6 +72,7 @@ experiment: 15 pods computing fib(25..29) under 1,500 rps.`,
 	// Unset flags are told apart with Changed, not with sentinel defaults, which --help would print.
 	f.DurationVar(&o.warmup, "warmup", 0, "simulated warm-up excluded from statistics (default: the scenario's)")
 	f.BoolVar(&o.progress, "progress", false, "show progress on stderr (default: when stderr is a terminal)")
+	o.export.addFlags(f)
 	return cmd
 }
 
@@ -116,11 +118,11 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 	if o.plotFile != "" && !strings.HasSuffix(strings.ToLower(o.plotFile), ".png") && !strings.HasSuffix(strings.ToLower(o.plotFile), ".svg") {
 		return newUsageError("--plot %q must end in .png or .svg", o.plotFile)
 	}
-	return nil
+	return o.export.complete(o.scenario, time.Now())
 }
 
 func (o *simulateOptions) run(stdout, stderr io.Writer) error {
-	results, err := runPolicies(o.scenario, o.policies, o.progress, stderr)
+	results, err := runPoliciesRecorded(o.scenario, o.policies, o.progress, stderr, o.export.recorder)
 	if err != nil {
 		return err
 	}
@@ -140,11 +142,19 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 			return fmt.Errorf("write --plot file: %w", err)
 		}
 	}
+	if err := o.export.write(stderr, o.policies[0]); err != nil {
+		return err
+	}
 	return printResults(stdout, o.scenario, results)
 }
 
 // runPolicies simulates each policy on its own goroutine; runs are independent and deterministic.
 func runPolicies(sc *sim.Scenario, policies []string, progress bool, stderr io.Writer) ([]*sim.Result, error) {
+	return runPoliciesRecorded(sc, policies, progress, stderr, nil)
+}
+
+// runPoliciesRecorded is runPolicies with the first policy's run recorded by rec, when it is set.
+func runPoliciesRecorded(sc *sim.Scenario, policies []string, progress bool, stderr io.Writer, rec *sim.MetricsRecorder) ([]*sim.Result, error) {
 	results := make([]*sim.Result, len(policies))
 	errs := make([]error, len(policies))
 	done := make([]float64, len(policies))
@@ -170,6 +180,9 @@ func runPolicies(sc *sim.Scenario, policies []string, progress bool, stderr io.W
 		go func() {
 			defer wg.Done()
 			opts := sim.Options{}
+			if i == 0 {
+				opts.Metrics = rec
+			}
 			if progress {
 				opts.Progress = func(f float64) { report(i, f) }
 			}

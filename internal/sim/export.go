@@ -262,3 +262,11 @@ func (r *MetricsRecorder) scrapeIndex(d time.Duration) int {
 	}
 	return -1
 }
+
+// Duration is the simulated time of the last scrape: the span the series cover.
+func (r *MetricsRecorder) Duration() time.Duration {
+	if len(r.times) == 0 {
+		return 0
+	}
+	return time.Duration(r.times[len(r.times)-1] * float64(time.Second))
+}

@@ -1,0 +1,488 @@
+package whatif
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/sim"
+)
+
+// MinData is the least stretch of a Service's requests the fit works from.
+const MinData = time.Minute
+
+// Reader reads a Service's Measurements from a Prometheus-compatible TSDB. The per-pod CPU,
+// request rate and latency histogram come through the operator's own metrics.Source, so query
+// overrides and label names apply as they do to the operator; the load over time, the client
+// proxies and the kube-state-metrics facts come from a few more queries through API.
+type Reader struct {
+	API    v1.API
+	Source metrics.Source
+	// Labels are the pod label names of cAdvisor and Istio series (metrics.DefaultLabels when
+	// empty). kube-state-metrics series are read with their own namespace and pod labels.
+	Labels metrics.Labels
+	// Timeout bounds each query.
+	Timeout time.Duration
+	// Address names the TSDB in messages.
+	Address string
+}
+
+// Window is the stretch of time to read a Service over.
+type Window struct {
+	Namespace, Service string
+	// End is the end of the window and Length its length.
+	End    time.Time
+	Length time.Duration
+	// Step is the resolution of the load profile; DefaultStep(Length) when zero.
+	Step time.Duration
+	// Cluster, when the caller could read it, helps tell a Service without a mesh from one
+	// without metrics.
+	Cluster *ClusterFacts
+}
+
+// DefaultStep is the load profile's resolution for a window: a 120th of it, at least 30 s, in
+// whole multiples of 15 s (a usual scrape interval, so that each step holds two scrapes or more).
+func DefaultStep(length time.Duration) time.Duration {
+	step := length / 120
+	const unit = 15 * time.Second
+	step = (step + unit - 1) / unit * unit
+	return max(step, 30*time.Second)
+}
+
+// Read reads the Service's measurements over the window.
+func (r *Reader) Read(ctx context.Context, w Window) (*Measurements, error) {
+	if w.Step == 0 {
+		w.Step = DefaultStep(w.Length)
+	}
+	if r.Labels.Pod == "" {
+		r.Labels = metrics.DefaultLabels
+	}
+	if r.Timeout == 0 {
+		r.Timeout = metrics.DefaultTimeout
+	}
+	q := &queries{r: r, ctx: ctx, ns: w.Namespace, svc: w.Service}
+	start := w.End.Add(-w.Length)
+	load, err := q.rangeQuery(fmt.Sprintf(`sum(rate(istio_requests_total{%s}[%s]))`, q.dest(), promDuration(w.Step)), start.Add(w.Step), w.End, w.Step)
+	if err != nil {
+		return nil, err
+	}
+	if len(load) == 0 || len(load[0].Values) == 0 {
+		return nil, q.diagnoseMissing(start, w)
+	}
+	points := load[0].Values
+	if covered := time.Duration(len(points)) * w.Step; covered < MinData {
+		return nil, fmt.Errorf("%w: Service %s/%s has requests in only %d step(s) of %v (%v) between %s and %s, under the %v the fit needs; widen --window or measure again later",
+			ErrTooLittleData, w.Namespace, w.Service, len(points), w.Step, covered, stamp(start), stamp(w.End), MinData)
+	}
+	first, last := points[0].Timestamp.Time(), points[len(points)-1].Timestamp.Time()
+	m := &Measurements{Namespace: w.Namespace, Service: w.Service, From: first.Add(-w.Step), To: last, Step: w.Step}
+	steps := int(math.Round(m.To.Sub(m.From).Seconds() / w.Step.Seconds()))
+	m.Load = valuesPerStep(points, m.From, w.Step, steps)
+	if m.To.Sub(m.From) < w.Length-w.Step {
+		m.Notes = append(m.Notes, fmt.Sprintf("the Service has data from %s to %s only, %v of the %v window", stamp(m.From), stamp(m.To), m.To.Sub(m.From), w.Length))
+	}
+	if err := q.readPods(m, steps); err != nil {
+		return nil, err
+	}
+	if err := q.readClients(m); err != nil {
+		return nil, err
+	}
+	if err := q.readKubeStateMetrics(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// queries holds one Read's context and the Service's selectors.
+type queries struct {
+	r       *Reader
+	ctx     context.Context
+	ns, svc string
+}
+
+// dest selects the Service's requests as its pods' sidecars report them; source as the client
+// sidecars report them.
+func (q *queries) dest() string {
+	return `reporter="destination", destination_service_namespace="` + quote(q.ns) + `", destination_service_name="` + quote(q.svc) + `"`
+}
+
+func (q *queries) source() string {
+	return `reporter="source", destination_service_namespace="` + quote(q.ns) + `", destination_service_name="` + quote(q.svc) + `"`
+}
+
+func (q *queries) instant(text string, at time.Time) (model.Vector, error) {
+	ctx, cancel := context.WithTimeout(q.ctx, q.r.Timeout)
+	defer cancel()
+	v, warnings, err := q.r.API.Query(ctx, text, at, v1.WithTimeout(q.r.Timeout))
+	if err != nil {
+		return nil, fmt.Errorf("querying %s for %s: %w", q.r.Address, text, err)
+	}
+	if len(warnings) > 0 {
+		return nil, fmt.Errorf("querying %s for %s: the TSDB answered with warnings (a partial result is not used): %s", q.r.Address, text, strings.Join(warnings, "; "))
+	}
+	vec, ok := v.(model.Vector)
+	if !ok {
+		return nil, fmt.Errorf("querying %s for %s: want an instant vector, got %s", q.r.Address, text, v.Type())
+	}
+	return vec, nil
+}
+
+func (q *queries) rangeQuery(text string, from, to time.Time, step time.Duration) (model.Matrix, error) {
+	ctx, cancel := context.WithTimeout(q.ctx, q.r.Timeout)
+	defer cancel()
+	v, warnings, err := q.r.API.QueryRange(ctx, text, v1.Range{Start: from, End: to, Step: step}, v1.WithTimeout(q.r.Timeout))
+	if err != nil {
+		return nil, fmt.Errorf("querying %s over a range for %s: %w", q.r.Address, text, err)
+	}
+	if len(warnings) > 0 {
+		return nil, fmt.Errorf("querying %s over a range for %s: the TSDB answered with warnings (a partial result is not used): %s", q.r.Address, text, strings.Join(warnings, "; "))
+	}
+	mat, ok := v.(model.Matrix)
+	if !ok {
+		return nil, fmt.Errorf("querying %s over a range for %s: want a matrix, got %s", q.r.Address, text, v.Type())
+	}
+	return mat, nil
+}
+
+// diagnoseMissing explains why the Service has no request series in the window.
+func (q *queries) diagnoseMissing(start time.Time, w Window) error {
+	span := fmt.Sprintf("between %s and %s", stamp(start), stamp(w.End))
+	rng := promDuration(w.Length)
+	if c := w.Cluster; c != nil && len(c.Pods) > 0 {
+		var without []string
+		for name, p := range c.Pods {
+			if !p.Sidecar {
+				without = append(without, name)
+			}
+		}
+		if len(without) == len(c.Pods) {
+			return fmt.Errorf("%w: Service %s/%s: none of its %d pods runs an istio-proxy sidecar (the cluster says so) and no Istio request metrics name it %s. adaptive-lb weights endpoints in the client sidecars, so without a mesh it would change nothing: enable sidecar injection (kubectl label namespace %s istio-injection=enabled), restart the pods, then measure again",
+				ErrNoMesh, q.ns, q.svc, len(c.Pods), span, q.ns)
+		}
+	}
+	l := q.r.Labels
+	nsSel := l.Namespace + `="` + quote(q.ns) + `"`
+	containers, err := q.instant(fmt.Sprintf(`count by (%s) (last_over_time(container_cpu_usage_seconds_total{%s, %s!=""}[%s]))`, l.Container, nsSel, l.Container, rng), w.End)
+	if err != nil {
+		return err
+	}
+	services, err := q.instant(fmt.Sprintf(`count by (destination_service_name) (last_over_time(istio_requests_total{reporter="destination", destination_service_namespace="%s"}[%s]))`, quote(q.ns), rng), w.End)
+	if err != nil {
+		return err
+	}
+	sidecars, err := q.instant(fmt.Sprintf(`count(last_over_time(kube_pod_container_info{namespace="%s", container="istio-proxy"}[%s]))`, quote(q.ns), rng), w.End)
+	if err != nil {
+		return err
+	}
+	meshed := len(sidecars) > 0 || len(services) > 0
+	for _, s := range containers {
+		if string(s.Metric[model.LabelName(l.Container)]) == "istio-proxy" {
+			meshed = true
+		}
+	}
+	switch {
+	case len(services) > 0:
+		var names []string
+		for _, s := range services {
+			names = append(names, string(s.Metric["destination_service_name"]))
+		}
+		sort.Strings(names)
+		return fmt.Errorf("%w: no Istio request metrics name Service %s/%s %s, though the sidecars of namespace %s report requests to %s; check the Service's name, or the window (--window, --at)",
+			ErrNoMetrics, q.ns, q.svc, span, q.ns, strings.Join(names, ", "))
+	case len(containers) > 0 && !meshed:
+		return fmt.Errorf("%w: Service %s/%s: pods of namespace %s report CPU %s, but none runs an istio-proxy sidecar and no Istio request metrics name the Service. adaptive-lb weights endpoints in the client sidecars, so without a mesh it would change nothing: enable sidecar injection (kubectl label namespace %s istio-injection=enabled), restart the pods, then measure again",
+			ErrNoMesh, q.ns, q.svc, q.ns, span, q.ns)
+	case len(containers) > 0:
+		return fmt.Errorf("%w: no Istio request metrics name Service %s/%s %s, though pods of namespace %s run sidecars and report CPU; check the Service's name, that the sidecars' metrics are scraped (adaptive-lb metrics check --namespace %s), or the window (--window, --at)",
+			ErrNoMetrics, q.ns, q.svc, span, q.ns, q.ns)
+	}
+	return fmt.Errorf("%w: the TSDB at %s has no series for Service %s/%s %s: no Istio request metrics name it and no pod of namespace %s reports CPU. Check the namespace and the name, the window (--window, --at), and that the TSDB scrapes the sidecars and cAdvisor (adaptive-lb metrics check --namespace %s)",
+		ErrNoMetrics, q.r.Address, q.ns, q.svc, span, q.ns, q.ns)
+}
+
+// readPods reads each pod's rate per step, then its CPU, rate and latency histogram over the
+// stretch through the operator's metrics source.
+func (q *queries) readPods(m *Measurements, steps int) error {
+	l := q.r.Labels
+	perPod, err := q.rangeQuery(fmt.Sprintf(`sum by (%s) (rate(istio_requests_total{%s}[%s]))`, l.Pod, q.dest(), promDuration(m.Step)), m.From.Add(m.Step), m.To, m.Step)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, s := range perPod {
+		name := string(s.Metric[model.LabelName(l.Pod)])
+		if name == "" {
+			return fmt.Errorf("the Service's request series carry no %q label; set --tsdb-label-pod to the label that names the pod", l.Pod)
+		}
+		rates := valuesPerStep(s.Values, m.From, m.Step, steps)
+		served := 0
+		for _, v := range rates {
+			if !math.IsNaN(v) {
+				served++
+			}
+		}
+		m.Pods = append(m.Pods, PodMeasurement{Name: name, Rates: rates, Coverage: float64(served) / float64(steps)})
+		names = append(names, name)
+	}
+	sort.Slice(m.Pods, func(i, j int) bool { return m.Pods[i].Name < m.Pods[j].Name })
+	sort.Strings(names)
+
+	window := m.To.Sub(m.From)
+	req := metrics.Request{Now: m.To, Window: window, Interval: window, PodRegex: podRegex(names)}
+	for _, p := range m.Pods {
+		req.Pods = append(req.Pods, metrics.Pod{Namespace: m.Namespace, Name: p.Name})
+	}
+	batch, fetchErr := q.r.Source.Fetch(q.ctx, req)
+	if batch.Observations == nil {
+		return fmt.Errorf("reading the pods' CPU, rate and latency from %s: %w", q.r.Address, fetchErr)
+	}
+	var noCPU, noHistogram []string
+	for i, obs := range batch.Observations {
+		p := &m.Pods[i]
+		p.CPUCores, p.RequestRate = math.NaN(), math.NaN()
+		if obs.CPUCores.Present {
+			p.CPUCores = obs.CPUCores.Value
+		} else {
+			noCPU = append(noCPU, p.Name)
+		}
+		if obs.RequestRate.Present {
+			p.RequestRate = obs.RequestRate.Value
+		}
+		if len(obs.LatencyBuckets) > 0 {
+			p.Latency = histogramFromBuckets(obs.LatencyBuckets)
+			m.ServerLatency = m.ServerLatency.Add(p.Latency)
+		} else {
+			noHistogram = append(noHistogram, p.Name)
+		}
+	}
+	if len(noCPU) == len(m.Pods) {
+		return fmt.Errorf("%w: no pod of Service %s/%s has CPU series (cAdvisor container_cpu_usage_seconds_total) between %s and %s (%v); check that the kubelets' cAdvisor endpoints are scraped, the --tsdb-label-* flags and --tsdb-query-cpu",
+			ErrNoMetrics, m.Namespace, m.Service, stamp(m.From), stamp(m.To), fetchErr)
+	}
+	if len(noCPU) > 0 {
+		m.Notes = append(m.Notes, fmt.Sprintf("no CPU series for %s: their cost per request is taken from their group", strings.Join(noCPU, ", ")))
+	}
+	if err := q.checkIstioNames(m, names, noHistogram); err != nil {
+		return err
+	}
+	// The pooled server-side histogram's sum, for the network latency (the per-pod buckets carry
+	// no sum).
+	sum, err := q.scalar(fmt.Sprintf(`sum(increase(istio_request_duration_milliseconds_sum{%s}[%s]))`, q.dest(), promDuration(window)), m.To)
+	if err != nil {
+		return err
+	}
+	m.ServerLatency.SumMS = sum
+	return nil
+}
+
+// checkIstioNames refuses pods whose sidecars report the latency histogram under the seconds
+// name of Istio before 1.5 (Mixer) while the operator reads the milliseconds one.
+func (q *queries) checkIstioNames(m *Measurements, names, noHistogram []string) error {
+	old, err := q.instant(fmt.Sprintf(`count by (%s) (last_over_time(istio_request_duration_seconds_bucket{%s}[%s]))`, q.r.Labels.Pod, q.dest(), promDuration(m.To.Sub(m.From))), m.To)
+	if err != nil {
+		return err
+	}
+	var seconds []string
+	for _, s := range old {
+		seconds = append(seconds, string(s.Metric[model.LabelName(q.r.Labels.Pod)]))
+	}
+	sort.Strings(seconds)
+	withMS := len(names) - len(noHistogram)
+	if len(seconds) > 0 {
+		return fmt.Errorf("%w: the sidecars of %s report istio_request_duration_seconds (Istio before 1.5) while %d other pod(s) of Service %s/%s report istio_request_duration_milliseconds, which the operator reads; a latency model cannot be fitted across both. Upgrade those sidecars (restart the pods after the control plane upgrade) and measure again",
+			ErrIstioMetricNames, strings.Join(seconds, ", "), withMS, m.Namespace, m.Service)
+	}
+	if withMS == 0 {
+		return fmt.Errorf("%w: no pod of Service %s/%s has an istio_request_duration_milliseconds histogram between %s and %s; the fit needs the server-side latency histogram: check the Istio telemetry configuration (the histogram may be disabled) and the scrape of the sidecars",
+			ErrNoMetrics, m.Namespace, m.Service, stamp(m.From), stamp(m.To))
+	}
+	if len(noHistogram) > 0 {
+		m.Notes = append(m.Notes, fmt.Sprintf("no latency histogram for %s: they count in the load but not in the latency fit", strings.Join(noHistogram, ", ")))
+	}
+	return nil
+}
+
+// readClients counts the client proxies and reads their pooled latency histogram.
+func (q *queries) readClients(m *Measurements) error {
+	rng := promDuration(m.To.Sub(m.From))
+	pods, err := q.instant(fmt.Sprintf(`sum by (%s) (increase(istio_requests_total{%s}[%s])) > 0`, q.r.Labels.Pod, q.source(), rng), m.To)
+	if err != nil {
+		return err
+	}
+	if len(pods) == 0 {
+		return fmt.Errorf("%w: no client sidecar reports requests to Service %s/%s between %s and %s (istio_requests_total{reporter=\"source\"}). adaptive-lb's weights act in the client sidecars: callers outside the mesh would see no change. If the callers do run sidecars, check that their metrics are scraped",
+			ErrNoClientSidecars, m.Namespace, m.Service, stamp(m.From), stamp(m.To))
+	}
+	m.Clients.Proxies = len(pods)
+	buckets, err := q.instant(fmt.Sprintf(`sum by (le) (increase(istio_request_duration_milliseconds_bucket{%s}[%s]))`, q.source(), rng), m.To)
+	if err != nil {
+		return err
+	}
+	m.Clients.Latency = histogramFromLe(buckets)
+	if m.Clients.Latency.SumMS, err = q.scalar(fmt.Sprintf(`sum(increase(istio_request_duration_milliseconds_sum{%s}[%s]))`, q.source(), rng), m.To); err != nil {
+		return err
+	}
+	m.Clients.LB, m.Clients.LBOrigin = sim.LBLeastRequest, Assumed
+	return nil
+}
+
+// readKubeStateMetrics reads the pods' CPU limits and nodes, the nodes' CPU counts and instance
+// types, and the endpoint weights the operator publishes, where those series exist.
+func (q *queries) readKubeStateMetrics(m *Measurements) error {
+	rng := promDuration(m.To.Sub(m.From))
+	var names []string
+	for _, p := range m.Pods {
+		names = append(names, p.Name)
+	}
+	podSel := `namespace="` + quote(m.Namespace) + `", pod=~"` + alternation(names) + `"`
+	limits, err := q.instant(fmt.Sprintf(`sum by (pod) (max_over_time(kube_pod_container_resource_limits{%s, resource="cpu", container!="istio-proxy"}[%s]))`, podSel, rng), m.To)
+	if err != nil {
+		return err
+	}
+	nodes, err := q.instant(fmt.Sprintf(`max by (pod, node) (max_over_time(kube_pod_info{%s, node!=""}[%s]))`, podSel, rng), m.To)
+	if err != nil {
+		return err
+	}
+	weights, err := q.instant(fmt.Sprintf(`max by (pod) (last_over_time(adaptivelb_endpoint_weight{%s}[%s]))`, podSel, rng), m.To)
+	if err != nil {
+		return err
+	}
+	byPod := map[string]*PodMeasurement{}
+	for i := range m.Pods {
+		byPod[m.Pods[i].Name] = &m.Pods[i]
+	}
+	for _, s := range limits {
+		if p := byPod[string(s.Metric["pod"])]; p != nil && s.Value > 0 {
+			p.CPULimit, p.HasCPULimit, p.CPULimitOrigin = float64(s.Value), true, FromKubeStateMetrics
+		}
+	}
+	var nodeNames []string
+	for _, s := range nodes {
+		if p := byPod[string(s.Metric["pod"])]; p != nil {
+			p.Node = string(s.Metric["node"])
+			nodeNames = append(nodeNames, p.Node)
+		}
+	}
+	for _, s := range weights {
+		if s.Value >= 1 {
+			if m.CurrentWeights == nil {
+				m.CurrentWeights = map[string]int{}
+			}
+			m.CurrentWeights[string(s.Metric["pod"])] = int(math.Round(float64(s.Value)))
+		}
+	}
+	if len(nodeNames) == 0 {
+		return nil
+	}
+	nodeSel := `node=~"` + alternation(nodeNames) + `"`
+	cores, err := q.instant(fmt.Sprintf(`max by (node) (max_over_time(kube_node_status_capacity{%s, resource="cpu"}[%s]))`, nodeSel, rng), m.To)
+	if err != nil {
+		return err
+	}
+	types, err := q.instant(fmt.Sprintf(`max by (node, label_node_kubernetes_io_instance_type) (max_over_time(kube_node_labels{%s}[%s]))`, nodeSel, rng), m.To)
+	if err != nil {
+		return err
+	}
+	coresOf, typeOf := map[string]float64{}, map[string]string{}
+	for _, s := range cores {
+		coresOf[string(s.Metric["node"])] = float64(s.Value)
+	}
+	for _, s := range types {
+		typeOf[string(s.Metric["node"])] = string(s.Metric["label_node_kubernetes_io_instance_type"])
+	}
+	for i := range m.Pods {
+		p := &m.Pods[i]
+		if c, ok := coresOf[p.Node]; ok && c > 0 {
+			p.NodeCores, p.NodeCoresOrigin = c, FromKubeStateMetrics
+		}
+		if t := typeOf[p.Node]; t != "" {
+			p.InstanceType, p.InstanceTypeFrom = t, FromKubeStateMetrics
+		}
+	}
+	return nil
+}
+
+// scalar runs a query that sums to one value; no series gives 0.
+func (q *queries) scalar(text string, at time.Time) (float64, error) {
+	v, err := q.instant(text, at)
+	if err != nil || len(v) == 0 {
+		return 0, err
+	}
+	return float64(v[0].Value), nil
+}
+
+// valuesPerStep places a range query's points on the steps after from: point k covers
+// (from + k·step, from + (k+1)·step]. Steps without a point are NaN.
+func valuesPerStep(points []model.SamplePair, from time.Time, step time.Duration, steps int) []float64 {
+	out := make([]float64, steps)
+	for i := range out {
+		out[i] = math.NaN()
+	}
+	for _, p := range points {
+		k := int(math.Round(p.Timestamp.Time().Sub(from).Seconds()/step.Seconds())) - 1
+		if k >= 0 && k < steps {
+			out[k] = float64(p.Value)
+		}
+	}
+	return out
+}
+
+// histogramFromBuckets converts the operator's buckets (bounds in seconds) to milliseconds.
+func histogramFromBuckets(b []metrics.LatencyBucket) sim.Histogram {
+	h := sim.Histogram{BoundsMS: make([]float64, len(b)), Cumulative: make([]float64, len(b))}
+	for i, x := range b {
+		h.BoundsMS[i] = x.UpperBoundSeconds * 1000
+		h.Cumulative[i] = x.Count
+	}
+	return h
+}
+
+// histogramFromLe builds a histogram from `sum by (le)` series, sorted by bound.
+func histogramFromLe(v model.Vector) sim.Histogram {
+	type bucket struct{ le, count float64 }
+	var bs []bucket
+	for _, s := range v {
+		le, err := strconv.ParseFloat(string(s.Metric["le"]), 64)
+		if err != nil {
+			continue
+		}
+		bs = append(bs, bucket{le, float64(s.Value)})
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	var h sim.Histogram
+	for _, b := range bs {
+		h.BoundsMS = append(h.BoundsMS, b.le)
+		h.Cumulative = append(h.Cumulative, b.count)
+	}
+	return h
+}
+
+// alternation is a regex matching exactly the given names, escaped for a PromQL string.
+func alternation(names []string) string { return metrics.NamespaceRegex(names) }
+
+// podRegex is a regex matching exactly the given names, for metrics.Request.PodRegex (which
+// escapes it for PromQL itself).
+func podRegex(names []string) string {
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = regexp.QuoteMeta(n)
+	}
+	return strings.Join(quoted, "|")
+}
+
+// quote escapes a label value for a double-quoted PromQL string.
+func quote(s string) string { return strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) }
+
+// promDuration renders a duration as PromQL does (1h, 30s, 1m30s).
+func promDuration(d time.Duration) string { return model.Duration(d).String() }
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
