@@ -79,9 +79,13 @@ func (r *Reader) Read(ctx context.Context, w Window) (*Measurements, error) {
 		return nil, q.diagnoseMissing(start, w)
 	}
 	points := load[0].Values
-	if covered := time.Duration(len(points)) * w.Step; covered < MinData {
-		return nil, fmt.Errorf("%w: Service %s/%s has requests in only %d step(s) of %v (%v) between %s and %s, under the %v the fit needs; widen --window or measure again later",
-			ErrTooLittleData, w.Namespace, w.Service, len(points), w.Step, covered, stamp(start), stamp(w.End), MinData)
+	span, err := q.dataSpan(start, w.End)
+	if err != nil {
+		return nil, err
+	}
+	if span < MinData || len(points) < 2 {
+		return nil, fmt.Errorf("%w: Service %s/%s has %v of request data between %s and %s (%d step(s) of %v with a rate), under the %v the fit needs; widen --window, move it with --at, or measure again later",
+			ErrTooLittleData, w.Namespace, w.Service, span, stamp(start), stamp(w.End), len(points), w.Step, MinData)
 	}
 	first, last := points[0].Timestamp.Time(), points[len(points)-1].Timestamp.Time()
 	m := &Measurements{Namespace: w.Namespace, Service: w.Service, From: first.Add(-w.Step), To: last, Step: w.Step}
@@ -151,6 +155,27 @@ func (q *queries) rangeQuery(text string, from, to time.Time, step time.Duration
 		return nil, fmt.Errorf("querying %s over a range for %s: want a matrix, got %s", q.r.Address, text, v.Type())
 	}
 	return mat, nil
+}
+
+// spanStep is the resolution at which dataSpan finds the Service's first sample.
+const spanStep = 15 * time.Second
+
+// dataSpan is the time between the Service's first and last request samples in [from, to], to
+// within spanStep: at each step, timestamp() gives the newest raw sample at or before it, so the
+// last step gives the last sample exactly and the first step with a value a sample at most one
+// step after the first.
+func (q *queries) dataSpan(from, to time.Time) (time.Duration, error) {
+	mat, err := q.rangeQuery(fmt.Sprintf(`max(timestamp(istio_requests_total{%s}))`, q.dest()), from, to, spanStep)
+	if err != nil || len(mat) == 0 || len(mat[0].Values) == 0 {
+		return 0, err
+	}
+	vs := mat[0].Values
+	first := time.UnixMilli(int64(float64(vs[0].Value) * 1000))
+	if first.Before(from) {
+		first = from // a sample from before the window, seen through the lookback
+	}
+	last := time.UnixMilli(int64(float64(vs[len(vs)-1].Value) * 1000))
+	return last.Sub(first), nil
 }
 
 // diagnoseMissing explains why the Service has no request series in the window.
