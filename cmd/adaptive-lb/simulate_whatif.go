@@ -146,7 +146,7 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 	var facts *whatif.ClusterFacts
 	if w.kubeconfig != "" {
 		facts, err = readClusterFacts(ctx, w.kubeconfig, w.namespace, w.name)
-		if errors.Is(err, errServiceNotFound) {
+		if errors.Is(err, errServiceNotFound) || errors.Is(err, errUnsupportedBalancer) {
 			return err
 		}
 		if err != nil {

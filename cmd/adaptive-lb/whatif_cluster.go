@@ -20,9 +20,14 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/whatif"
 )
 
-// errServiceNotFound: the cluster read has no such Service. Unlike a cluster that cannot be read,
-// it is not papered over with kube-state-metrics: the name is probably wrong.
-var errServiceNotFound = errors.New("Service not found")
+// Facts the cluster states that rule the what-if out. Unlike a cluster that cannot be read, they
+// are not papered over with kube-state-metrics or assumptions.
+var (
+	// errServiceNotFound: the cluster has no such Service; the name is probably wrong.
+	errServiceNotFound = errors.New("Service not found")
+	// errUnsupportedBalancer: the DestinationRule sets a balancer the simulator does not model.
+	errUnsupportedBalancer = errors.New("unsupported balancer")
+)
 
 // readClusterFacts reads, for `simulate --from-tsdb --kubeconfig`, what the pod specs, the nodes
 // and the DestinationRules say about a Service: its pods' CPU limits, nodes and sidecars, the
@@ -146,7 +151,7 @@ func destinationRuleLB(ctx context.Context, c client.Reader, namespace, name str
 		}
 		source := fmt.Sprintf("DestinationRule %s/%s", namespace, dr.Name)
 		if lb.GetConsistentHash() != nil {
-			return "", "", fmt.Errorf("%s balances by consistent hash, which the simulator does not model (it models LEAST_REQUEST, ROUND_ROBIN and RANDOM); adaptive-lb's prediction would not apply", source)
+			return "", "", fmt.Errorf("%w: %s balances by consistent hash, which the simulator does not model (it models LEAST_REQUEST, ROUND_ROBIN and RANDOM); a prediction would not apply to this Service", errUnsupportedBalancer, source)
 		}
 		switch lb.GetSimple() {
 		case networkingapi.LoadBalancerSettings_UNSPECIFIED, networkingapi.LoadBalancerSettings_LEAST_REQUEST, networkingapi.LoadBalancerSettings_LEAST_CONN:
@@ -156,7 +161,7 @@ func destinationRuleLB(ctx context.Context, c client.Reader, namespace, name str
 		case networkingapi.LoadBalancerSettings_RANDOM:
 			return sim.LBRandom, source, nil
 		default:
-			return "", "", fmt.Errorf("%s sets the balancer %s, which the simulator does not model (it models LEAST_REQUEST, ROUND_ROBIN and RANDOM)", source, lb.GetSimple())
+			return "", "", fmt.Errorf("%w: %s sets the balancer %s, which the simulator does not model (it models LEAST_REQUEST, ROUND_ROBIN and RANDOM); a prediction would not apply to this Service", errUnsupportedBalancer, source, lb.GetSimple())
 		}
 	}
 	return "", "", nil
