@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -259,4 +260,58 @@ func minOf(xs []float64) float64 {
 		m = math.Min(m, x)
 	}
 	return m
+}
+
+func TestRoundTrip_AWeightedServiceIsCheckedUnderItsWeights(t *testing.T) {
+	vm := vmtest.Start(t)
+	reader := newReader(t, vm.URL)
+	orig := loadBenchScenario(t, "three-gens-60.yaml")
+	start := pastStart()
+	rec, err := sim.NewMetricsRecorder(sim.MeshLabels{Namespace: "weighted", Service: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sim.Run(orig, sim.PolicyCapacity, sim.Options{Metrics: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := rec.WriteText(&b, start); err != nil {
+		t.Fatal(err)
+	}
+	vm.ImportText(t, b.String())
+	m, err := reader.Read(context.Background(), Window{Namespace: "weighted", Service: "web", End: start.Add(orig.Duration.Duration), Length: orig.Duration.Duration - orig.Warmup.Duration})
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := Fit(m, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md.Current.Name != PolicyCurrentWeights {
+		t.Fatalf("policy in force %q, want the weights adaptivelb_endpoint_weight publishes", md.Current.Name)
+	}
+	final := r.Weights[len(r.Weights)-1].Weights
+	for group, w := range md.Current.StaticWeights {
+		var ws []int
+		for pod, pw := range final {
+			if strings.HasPrefix(pod, group+"-") {
+				ws = append(ws, pw)
+			}
+		}
+		slices.Sort(ws)
+		if median := ws[len(ws)/2]; median != w {
+			t.Errorf("group %s: weight %d in force, the median of the run's last write %d (%v)", group, w, median, ws)
+		}
+	}
+	check, err := md.Check()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := check.Err(); err != nil {
+		t.Fatalf("the weights in force, held fixed, do not reproduce the weighted run: %v", err)
+	}
+	if check.Result.Policy != PolicyCurrentWeights {
+		t.Errorf("the check ran %q", check.Result.Policy)
+	}
 }
