@@ -597,7 +597,7 @@ func (s *simulation) rewake(p *pod) {
 func (s *simulation) onPodWake(t float64, p *pod) {
 	p.advance(t)
 	// Complete every request whose work is done (several can finish together).
-	const eps = 1e-12
+	const eps = completionSlack
 	kept := p.running[:0]
 	p.minFinish = math.Inf(1)
 	for _, r := range p.running {
