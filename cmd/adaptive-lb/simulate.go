@@ -147,8 +147,20 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 		return err
 	}
 	// Write every file before printing, so a failure never leaves a table that looks complete.
+	if err := o.writeFiles(o.scenario, results, nil); err != nil {
+		return err
+	}
+	if err := o.export.write(stderr, o.policies[0]); err != nil {
+		return err
+	}
+	return printResults(stdout, o.scenario, results)
+}
+
+// writeFiles writes the --json report (with the what-if part when there is one) and the --plot,
+// when they are asked for.
+func (o *simulateOptions) writeFiles(sc *sim.Scenario, results []*sim.Result, whatIf *whatIfReport) error {
 	if o.jsonFile != "" {
-		rep := simulateReport{Scenario: o.scenario.Name, Seed: o.scenario.Seed, Duration: o.scenario.Duration.String(), Warmup: o.scenario.Warmup.String(), Results: results}
+		rep := simulateReport{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.String(), Warmup: sc.Warmup.String(), Results: results, WhatIf: whatIf}
 		data, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode results: %w", err)
@@ -158,14 +170,11 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 		}
 	}
 	if o.plotFile != "" {
-		if err := sim.WritePlot(o.plotFile, o.scenario.Name, results); err != nil {
+		if err := sim.WritePlot(o.plotFile, sc.Name, results); err != nil {
 			return fmt.Errorf("write --plot file: %w", err)
 		}
 	}
-	if err := o.export.write(stderr, o.policies[0]); err != nil {
-		return err
-	}
-	return printResults(stdout, o.scenario, results)
+	return nil
 }
 
 // runPolicies simulates each policy on its own goroutine; runs are independent and deterministic.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
-	"github.com/adaptive-lb/adaptive-lb/internal/sim"
 	"github.com/adaptive-lb/adaptive-lb/internal/whatif"
 )
 
@@ -196,22 +194,10 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 	if err != nil {
 		return err
 	}
-	if o.jsonFile != "" {
-		rep := simulateReport{Scenario: md.Scenario.Name, Seed: md.Scenario.Seed, Duration: md.Scenario.Duration.String(), Warmup: md.Scenario.Warmup.String(), Results: pred.Results,
-			WhatIf: &whatIfReport{Namespace: md.Namespace, Service: md.Service, From: md.From, To: md.To, Current: md.Current.Name,
-				Check: checkReport(check), Assumptions: md.Assumptions, Advice: pred.Advice.Text}}
-		data, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encode results: %w", err)
-		}
-		if err := os.WriteFile(o.jsonFile, append(data, '\n'), 0o644); err != nil {
-			return fmt.Errorf("write --json file: %w", err)
-		}
-	}
-	if o.plotFile != "" {
-		if err := sim.WritePlot(o.plotFile, md.Scenario.Name, pred.Results); err != nil {
-			return fmt.Errorf("write --plot file: %w", err)
-		}
+	report := &whatIfReport{Namespace: md.Namespace, Service: md.Service, From: md.From, To: md.To, Current: md.Current.Name,
+		Check: checkReport(check), Assumptions: md.Assumptions, Advice: pred.Advice.Text}
+	if err := o.writeFiles(md.Scenario, pred.Results, report); err != nil {
+		return err
 	}
 	fmt.Fprintf(stdout, "Prediction on the window's load (simulated time %v is %s; the first %v are warm-up):\n\n", md.Warmup, md.From.UTC().Format(time.RFC3339), md.Warmup)
 	if err := printResults(stdout, md.Scenario, pred.Results); err != nil {

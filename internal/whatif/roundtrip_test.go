@@ -49,15 +49,15 @@ func loadBenchScenario(t testing.TB, file string) *sim.Scenario {
 	return sc
 }
 
-// exportRun runs sc under least_request with a recorder and returns the series as text, the wall
-// time of simulated 0 and the run.
-func exportRun(t testing.TB, sc *sim.Scenario, namespace, service string, start time.Time) (string, *sim.Result) {
+// exportRun runs sc under policy with a recorder and returns the series as text, simulated time 0
+// being start, and the run.
+func exportRun(t testing.TB, sc *sim.Scenario, policy, namespace, service string, start time.Time) (string, *sim.Result) {
 	t.Helper()
 	rec, err := sim.NewMetricsRecorder(sim.MeshLabels{Namespace: namespace, Service: service})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := sim.Run(sc, sim.PolicyLeastRequest, sim.Options{Metrics: rec})
+	r, err := sim.Run(sc, policy, sim.Options{Metrics: rec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestRoundTrip_FittedScenarioMatchesTheOriginal(t *testing.T) {
 			orig := loadBenchScenario(t, tc.file)
 			namespace, service := "rt"+string(rune('a'+i)), "svc"
 			start := pastStart()
-			text, _ := exportRun(t, orig, namespace, service, start)
+			text, _ := exportRun(t, orig, sim.PolicyLeastRequest, namespace, service, start)
 			vm.ImportText(t, text)
 
 			window := orig.Duration.Duration - orig.Warmup.Duration
@@ -106,15 +106,16 @@ func TestRoundTrip_FittedScenarioMatchesTheOriginal(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("fitted scenario:\n%s", md.YAML)
-			compareGroups(t, orig, md)
-			compareLoad(t, orig, md)
+			costErr, speedErr := compareGroups(t, orig, md)
+			loadErr := compareLoad(t, orig, md)
 			if got := md.Scenario.Clients.Proxies; got != orig.Clients.Proxies {
 				t.Errorf("fitted %d client proxies, the original has %d", got, orig.Clients.Proxies)
 			}
 			if got, want := md.Scenario.Clients.NetworkLatency.Seconds()*1000, orig.Clients.NetworkLatency.Seconds()*1000; math.Abs(got-want) > networkToleranceMS {
 				t.Errorf("fitted network latency %.2f ms, the original %.2f ms", got, want)
 			}
-			t.Logf("cost CV fitted %.2f (%s), original %.2f", md.CV, md.CVFrom, orig.Pods[0].Cost.CV)
+			t.Logf("| %s | %d of %d | %.2f%% | %.2f%% | %.1f%% | %.2f / %.2f | %.1f / %.1f ms |", tc.file, len(md.Groups), len(orig.Pods), 100*costErr, 100*speedErr, 100*loadErr,
+				md.CV, orig.Pods[0].Cost.CV, md.Scenario.Clients.NetworkLatency.Seconds()*1000, orig.Clients.NetworkLatency.Seconds()*1000)
 
 			check, err := md.Check()
 			if err != nil {
@@ -136,8 +137,9 @@ func TestRoundTrip_FittedScenarioMatchesTheOriginal(t *testing.T) {
 	}
 }
 
-// compareGroups matches the fitted groups to the original's by cost per request.
-func compareGroups(t *testing.T, orig *sim.Scenario, md *Model) {
+// compareGroups matches the fitted groups to the original's by name and returns the largest
+// relative errors of cost per request and of speed.
+func compareGroups(t *testing.T, orig *sim.Scenario, md *Model) (costErr, speedErr float64) {
 	t.Helper()
 	if len(md.Groups) != len(orig.Pods) {
 		t.Fatalf("fitted %d groups, the original has %d", len(md.Groups), len(orig.Pods))
@@ -158,21 +160,25 @@ func compareGroups(t *testing.T, orig *sim.Scenario, md *Model) {
 			continue
 		}
 		cost := pg.Cost.Mean.Seconds() / pg.Speed
+		costErr = math.Max(costErr, math.Abs(g.CostSeconds/cost-1))
 		if math.Abs(g.CostSeconds/cost-1) > costTolerance {
 			t.Errorf("group %s: cost per request %.3f ms, the original %.3f ms", g.Name, 1000*g.CostSeconds, 1000*cost)
 		}
-		if want := minCost / cost; math.Abs(g.Speed/want-1) > costTolerance {
+		want := minCost / cost
+		speedErr = math.Max(speedErr, math.Abs(g.Speed/want-1))
+		if math.Abs(g.Speed/want-1) > costTolerance {
 			t.Errorf("group %s: speed %.3f, the original %.3f", g.Name, g.Speed, want)
 		}
 		if g.Replicas != pg.Replicas || g.CPULimit != pg.CPULimit || g.Cores != pg.Cores {
 			t.Errorf("group %s: %d replicas, limit %v, %v cores; the original %d, %v, %v", g.Name, g.Replicas, g.CPULimit, g.Cores, pg.Replicas, pg.CPULimit, pg.Cores)
 		}
 	}
+	return costErr, speedErr
 }
 
 // compareLoad checks each step's fitted rate against the mean offered rate of the original over
-// the same stretch.
-func compareLoad(t *testing.T, orig *sim.Scenario, md *Model) {
+// the same stretch, and returns the largest relative error.
+func compareLoad(t *testing.T, orig *sim.Scenario, md *Model) (worst float64) {
 	t.Helper()
 	offered := func(at float64) float64 {
 		r := orig.Load.RPS
@@ -191,10 +197,12 @@ func compareLoad(t *testing.T, orig *sim.Scenario, md *Model) {
 		for s := from; s < from+step; s++ {
 			want += offered(s) / step
 		}
+		worst = math.Max(worst, math.Abs(got/want-1))
 		if math.Abs(got/want-1) > loadTolerance {
 			t.Errorf("step %d (%.0f – %.0f s): fitted rate %.1f rps, the original offered %.1f", k, from, from+step, got, want)
 		}
 	}
+	return worst
 }
 
 // ratioSeeds are the seeds both scenarios are run under for the p99 ratios. The fitted scenario's
@@ -267,19 +275,8 @@ func TestRoundTrip_AWeightedServiceIsCheckedUnderItsWeights(t *testing.T) {
 	reader := newReader(t, vm.URL)
 	orig := loadBenchScenario(t, "three-gens-60.yaml")
 	start := pastStart()
-	rec, err := sim.NewMetricsRecorder(sim.MeshLabels{Namespace: "weighted", Service: "web"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := sim.Run(orig, sim.PolicyCapacity, sim.Options{Metrics: rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	if err := rec.WriteText(&b, start); err != nil {
-		t.Fatal(err)
-	}
-	vm.ImportText(t, b.String())
+	text, r := exportRun(t, orig, sim.PolicyCapacity, "weighted", "web", start)
+	vm.ImportText(t, text)
 	m, err := reader.Read(context.Background(), Window{Namespace: "weighted", Service: "web", End: start.Add(orig.Duration.Duration), Length: orig.Duration.Duration - orig.Warmup.Duration})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package whatif
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -79,7 +80,7 @@ func (md *Model) renderYAML(m *Measurements, seed int64) ([]byte, error) {
 			types = ", instance type " + strings.Join(g.InstanceTypes, "/")
 		}
 		y.comment("  %s: %s%s; measured %.1f rps and %.2f cores in all, %.0f%% of its CPU, server-side p99 %s",
-			g.Name, listNames(g.Pods), types, g.RequestRate, g.CPUCores, 100*g.Utilisation, ms(g.P99))
+			g.Name, listNames(slices.Sorted(slices.Values(g.Pods))), types, g.RequestRate, g.CPUCores, 100*g.Utilisation, ms(g.P99))
 		y.line(1, "- name: "+g.Name, "")
 		in := 2
 		y.field(in, "replicas", fmt.Sprint(g.Replicas), fmt.Sprintf("measured: pods in service over the window (%.2f on average)", g.MeanPods))
