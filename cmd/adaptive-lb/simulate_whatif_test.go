@@ -95,6 +95,7 @@ func TestSimulateFromTSDB_FitsChecksAndPredicts(t *testing.T) {
 		"The model reproduces the measurements",
 		"least_request", "capacity", "tail", "cpu-share",
 		"Advice. On the window's own load",
+		"The model, run under today's policy, reproduced the measured p99s within",
 		"kind: AdaptiveLoadBalancer",
 	} {
 		if !strings.Contains(out, want) {

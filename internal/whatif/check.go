@@ -119,6 +119,19 @@ func (md *Model) Check() (*Check, error) {
 	return c, nil
 }
 
+// largestErrors returns the largest relative errors of the check, on a p99 and on a CPU.
+func (c *Check) largestErrors() (p99, cpu float64) {
+	for _, r := range append(c.Groups, c.Service) {
+		if e := math.Abs(r.P99Error()); !math.IsNaN(e) {
+			p99 = math.Max(p99, e)
+		}
+		if e := math.Abs(r.CPUError()); !math.IsNaN(e) {
+			cpu = math.Max(cpu, e)
+		}
+	}
+	return p99, cpu
+}
+
 func newRow(name string, measured, simulated sim.Histogram, measuredCPU, simulatedCPU float64) CheckRow {
 	row := CheckRow{Name: name, MeasuredP99: quantile(measured, 0.99), SimulatedP99: quantile(simulated, 0.99), MeasuredCPU: measuredCPU, SimulatedCPU: simulatedCPU}
 	row.MeasuredLo, row.MeasuredHi = quantileBand(measured, 0.99)

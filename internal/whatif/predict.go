@@ -39,6 +39,9 @@ type Advice struct {
 	WorseSpans              int
 	WorstAt                 time.Time
 	WorstBefore, WorstAfter float64
+	// CheckP99Error and CheckCPUError are the model check's largest relative errors, on a p99
+	// and on a group's CPU: how far the prediction's model was from today's measurements.
+	CheckP99Error, CheckCPUError float64
 	// Text is the advice as a paragraph.
 	Text string
 }
@@ -63,6 +66,9 @@ func (md *Model) Predict(check *Check, policies []string) (*Prediction, error) {
 	}
 	pr := &Prediction{Results: append([]*sim.Result{check.Result}, results...)}
 	pr.Advice = md.advise(pr.Results)
+	pr.Advice.CheckP99Error, pr.Advice.CheckCPUError = check.largestErrors()
+	pr.Advice.Text += fmt.Sprintf(" The model, run under today's policy, reproduced the measured p99s within %.1f%% and the groups' CPU within %.1f%% (the check above).",
+		100*pr.Advice.CheckP99Error, 100*pr.Advice.CheckCPUError)
 	return pr, nil
 }
 

@@ -71,24 +71,42 @@ func (r *Reader) Read(ctx context.Context, w Window) (*Measurements, error) {
 	}
 	q := &queries{r: r, ctx: ctx, ns: w.Namespace, svc: w.Service}
 	start := w.End.Add(-w.Length)
+	span, samples, err := q.dataSpan(start, w.End, w.Length)
+	if err != nil {
+		return nil, err
+	}
+	if samples == 0 {
+		return nil, q.diagnoseMissing(start, w)
+	}
+	tooLittle := func(steps int) error {
+		return fmt.Errorf("%w: Service %s/%s has %v of request data between %s and %s (%d step(s) of %v with a rate), under the %v the fit needs; widen --window, move it with --at, or measure again later",
+			ErrTooLittleData, w.Namespace, w.Service, span, stamp(start), stamp(w.End), steps, w.Step, MinData)
+	}
+	if span < MinData {
+		return nil, tooLittle(0)
+	}
+	// rate() over a step needs two samples in it (Prometheus does not look before the range):
+	// a step is at least twice the scrape interval, as the series show it.
+	var notes []string
+	if interval := (span / time.Duration(max(1, samples-1))).Round(5 * time.Second); 2*interval > w.Step {
+		const unit = 15 * time.Second
+		w.Step = (2*interval + unit - 1) / unit * unit
+		notes = append(notes, fmt.Sprintf("the sidecars are scraped about every %v, so the load is read in steps of %v", interval.Round(time.Second), w.Step))
+	}
 	load, err := q.rangeQuery(fmt.Sprintf(`sum(rate(istio_requests_total{%s}[%s]))`, q.dest(), promDuration(w.Step)), start.Add(w.Step), w.End, w.Step)
 	if err != nil {
 		return nil, err
 	}
-	if len(load) == 0 || len(load[0].Values) == 0 {
-		return nil, q.diagnoseMissing(start, w)
+	if len(load) == 0 || len(load[0].Values) < 2 {
+		n := 0
+		if len(load) > 0 {
+			n = len(load[0].Values)
+		}
+		return nil, tooLittle(n)
 	}
 	points := load[0].Values
-	span, err := q.dataSpan(start, w.End)
-	if err != nil {
-		return nil, err
-	}
-	if span < MinData || len(points) < 2 {
-		return nil, fmt.Errorf("%w: Service %s/%s has %v of request data between %s and %s (%d step(s) of %v with a rate), under the %v the fit needs; widen --window, move it with --at, or measure again later",
-			ErrTooLittleData, w.Namespace, w.Service, span, stamp(start), stamp(w.End), len(points), w.Step, MinData)
-	}
 	first, last := points[0].Timestamp.Time(), points[len(points)-1].Timestamp.Time()
-	m := &Measurements{Namespace: w.Namespace, Service: w.Service, From: first.Add(-w.Step), To: last, Step: w.Step}
+	m := &Measurements{Namespace: w.Namespace, Service: w.Service, From: first.Add(-w.Step), To: last, Step: w.Step, Notes: notes}
 	steps := int(math.Round(m.To.Sub(m.From).Seconds() / w.Step.Seconds()))
 	m.Load = valuesPerStep(points, m.From, w.Step, steps)
 	if m.To.Sub(m.From) < w.Length-w.Step {
@@ -161,13 +179,14 @@ func (q *queries) rangeQuery(text string, from, to time.Time, step time.Duration
 const spanStep = 15 * time.Second
 
 // dataSpan is the time between the Service's first and last request samples in [from, to], to
-// within spanStep: at each step, timestamp() gives the newest raw sample at or before it, so the
-// last step gives the last sample exactly and the first step with a value a sample at most one
-// step after the first.
-func (q *queries) dataSpan(from, to time.Time) (time.Duration, error) {
+// within spanStep, and the most samples one of its request series holds in the window (0 when it
+// has none). At each step, timestamp() gives the newest raw sample at or before it, so the last
+// step gives the last sample exactly and the first step with a value a sample at most one step
+// after the first.
+func (q *queries) dataSpan(from, to time.Time, length time.Duration) (time.Duration, int, error) {
 	mat, err := q.rangeQuery(fmt.Sprintf(`max(timestamp(istio_requests_total{%s}))`, q.dest()), from, to, spanStep)
 	if err != nil || len(mat) == 0 || len(mat[0].Values) == 0 {
-		return 0, err
+		return 0, 0, err
 	}
 	vs := mat[0].Values
 	first := time.UnixMilli(int64(float64(vs[0].Value) * 1000))
@@ -175,7 +194,16 @@ func (q *queries) dataSpan(from, to time.Time) (time.Duration, error) {
 		first = from // a sample from before the window, seen through the lookback
 	}
 	last := time.UnixMilli(int64(float64(vs[len(vs)-1].Value) * 1000))
-	return last.Sub(first), nil
+	if !last.After(from) {
+		return 0, 0, nil // only samples from before the window
+	}
+	// The count's range reaches one spanStep before the window, so that a sample at its very
+	// start, which the span counts from, is counted too.
+	samples, err := q.scalar(fmt.Sprintf(`max(count_over_time(istio_requests_total{%s}[%s]))`, q.dest(), promDuration(length+spanStep)), to)
+	if err != nil {
+		return 0, 0, err
+	}
+	return last.Sub(first), int(samples), nil
 }
 
 // diagnoseMissing explains why the Service has no request series in the window.
