@@ -25,8 +25,12 @@ type simulateOptions struct {
 	duration     time.Duration
 	warmup       time.Duration
 	progress     bool
+	export       exportOptions
+	whatIf       whatIfOptions
 
-	scenario *sim.Scenario
+	// seedSet and policiesSet: the flags were given (a what-if keeps its own defaults otherwise).
+	seedSet, policiesSet bool
+	scenario             *sim.Scenario
 }
 
 // simulateReport is the --json document. Field names are a public format: add, never rename.
@@ -36,6 +40,8 @@ type simulateReport struct {
 	Duration string        `json:"duration"`
 	Warmup   string        `json:"warmup"`
 	Results  []*sim.Result `json:"results"`
+	// WhatIf is set by --from-tsdb: the Service, the model check and the advice.
+	WhatIf *whatIfReport `json:"what_if,omitempty"`
 }
 
 func newSimulateCmd() *cobra.Command { return newSimulateCmdFor(&simulateOptions{}) }
@@ -49,15 +55,25 @@ func newSimulateCmdFor(o *simulateOptions) *cobra.Command {
 adaptive-lb's weight engine in the loop, and compares policies on the same request stream.
 
 Without --scenario it runs the built-in seed-fib scenario, a reproduction of the published
-experiment: 15 pods computing fib(25..29) under 1,500 rps.`,
+experiment: 15 pods computing fib(25..29) under 1,500 rps.
+
+With --from-tsdb URL --service NAMESPACE/NAME it fits a scenario to that Service's own metrics
+over --window (pod groups, speeds, CPU limits, node CPUs, clients, load over time), checks it
+by simulating the policy in force and comparing with what was measured, and only then predicts
+least_request, capacity, tail and cpu-share on the window's load, with advice.`,
 		Example: `  adaptive-lb simulate
   adaptive-lb simulate --policies least_request,capacity --plot out/seed-fib.png
-  adaptive-lb simulate --scenario bench/scenarios/noisy-neighbour.yaml --json out/result.json`,
+  adaptive-lb simulate --scenario bench/scenarios/noisy-neighbour.yaml --json out/result.json
+  adaptive-lb simulate --from-tsdb http://vmselect.monitoring:8481 --tsdb-path-prefix /select/0/prometheus \
+      --service shop/web --window 1h --kubeconfig ~/.kube/config --write-scenario web.yaml --plot web.png`,
 		Args: cobra.NoArgs,
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
 			return o.complete(cmd)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.whatIf.enabled() {
+				return o.runWhatIf(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
 			return o.run(cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -71,6 +87,8 @@ experiment: 15 pods computing fib(25..29) under 1,500 rps.`,
 	// Unset flags are told apart with Changed, not with sentinel defaults, which --help would print.
 	f.DurationVar(&o.warmup, "warmup", 0, "simulated warm-up excluded from statistics (default: the scenario's)")
 	f.BoolVar(&o.progress, "progress", false, "show progress on stderr (default: when stderr is a terminal)")
+	o.export.addFlags(f)
+	o.whatIf.addFlags(f)
 	return cmd
 }
 
@@ -82,6 +100,13 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 	}
 	if len(o.policies) == 0 {
 		return newUsageError("--policies: name at least one of %s", strings.Join(sim.Policies, ", "))
+	}
+	if o.plotFile != "" && !strings.HasSuffix(strings.ToLower(o.plotFile), ".png") && !strings.HasSuffix(strings.ToLower(o.plotFile), ".svg") {
+		return newUsageError("--plot %q must end in .png or .svg", o.plotFile)
+	}
+	o.seedSet, o.policiesSet = cmd.Flags().Changed("seed"), cmd.Flags().Changed("policies")
+	if err := o.whatIf.complete(cmd, time.Now()); err != nil || o.whatIf.enabled() {
+		return err
 	}
 	var err error
 	if o.scenarioFile == "" {
@@ -113,20 +138,29 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 	if o.scenario.Warmup.Duration >= o.scenario.Duration.Duration {
 		return newUsageError("the warm-up %v must be shorter than the duration %v; pass a shorter --warmup", o.scenario.Warmup.Duration, o.scenario.Duration.Duration)
 	}
-	if o.plotFile != "" && !strings.HasSuffix(strings.ToLower(o.plotFile), ".png") && !strings.HasSuffix(strings.ToLower(o.plotFile), ".svg") {
-		return newUsageError("--plot %q must end in .png or .svg", o.plotFile)
-	}
-	return nil
+	return o.export.complete(o.scenario, time.Now())
 }
 
 func (o *simulateOptions) run(stdout, stderr io.Writer) error {
-	results, err := runPolicies(o.scenario, o.policies, o.progress, stderr)
+	results, err := runPoliciesRecorded(o.scenario, o.policies, o.progress, stderr, o.export.recorder)
 	if err != nil {
 		return err
 	}
 	// Write every file before printing, so a failure never leaves a table that looks complete.
+	if err := o.writeFiles(o.scenario, results, nil); err != nil {
+		return err
+	}
+	if err := o.export.write(stderr, o.policies[0]); err != nil {
+		return err
+	}
+	return printResults(stdout, o.scenario, results)
+}
+
+// writeFiles writes the --json report (with the what-if part when there is one) and the --plot,
+// when they are asked for.
+func (o *simulateOptions) writeFiles(sc *sim.Scenario, results []*sim.Result, whatIf *whatIfReport) error {
 	if o.jsonFile != "" {
-		rep := simulateReport{Scenario: o.scenario.Name, Seed: o.scenario.Seed, Duration: o.scenario.Duration.String(), Warmup: o.scenario.Warmup.String(), Results: results}
+		rep := simulateReport{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.String(), Warmup: sc.Warmup.String(), Results: results, WhatIf: whatIf}
 		data, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode results: %w", err)
@@ -136,15 +170,20 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 		}
 	}
 	if o.plotFile != "" {
-		if err := sim.WritePlot(o.plotFile, o.scenario.Name, results); err != nil {
+		if err := sim.WritePlot(o.plotFile, sc.Name, results); err != nil {
 			return fmt.Errorf("write --plot file: %w", err)
 		}
 	}
-	return printResults(stdout, o.scenario, results)
+	return nil
 }
 
 // runPolicies simulates each policy on its own goroutine; runs are independent and deterministic.
 func runPolicies(sc *sim.Scenario, policies []string, progress bool, stderr io.Writer) ([]*sim.Result, error) {
+	return runPoliciesRecorded(sc, policies, progress, stderr, nil)
+}
+
+// runPoliciesRecorded is runPolicies with the first policy's run recorded by rec, when it is set.
+func runPoliciesRecorded(sc *sim.Scenario, policies []string, progress bool, stderr io.Writer, rec *sim.MetricsRecorder) ([]*sim.Result, error) {
 	results := make([]*sim.Result, len(policies))
 	errs := make([]error, len(policies))
 	done := make([]float64, len(policies))
@@ -170,6 +209,9 @@ func runPolicies(sc *sim.Scenario, policies []string, progress bool, stderr io.W
 		go func() {
 			defer wg.Done()
 			opts := sim.Options{}
+			if i == 0 {
+				opts.Metrics = rec
+			}
 			if progress {
 				opts.Progress = func(f float64) { report(i, f) }
 			}

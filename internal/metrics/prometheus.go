@@ -51,16 +51,9 @@ type prometheusSource struct {
 // New validates cfg and returns a Source that speaks the Prometheus HTTP API. Its query metrics
 // are registered on reg (pass controller-runtime's metrics.Registry in the operator; nil skips).
 func New(cfg Config, reg prometheus.Registerer) (Source, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("metrics source configuration: %w", err)
-	}
-	rt, err := cfg.roundTripper()
+	client, rt, err := cfg.client()
 	if err != nil {
-		return nil, fmt.Errorf("metrics source configuration: %w", err)
-	}
-	client, err := api.NewClient(api.Config{Address: cfg.address(), RoundTripper: rt})
-	if err != nil {
-		return nil, fmt.Errorf("metrics source configuration: url %q: %w", cfg.address(), err)
+		return nil, err
 	}
 	in, err := newInstrumentation(reg)
 	if err != nil {

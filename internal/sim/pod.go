@@ -53,6 +53,8 @@ type pod struct {
 	// latencies counts completed requests by in-pod latency, as the destination sidecar's
 	// istio_request_duration_milliseconds histogram would.
 	latencies latencyHistogram
+	// latencySumMS sums the in-pod latencies in milliseconds: the histogram's _sum series.
+	latencySumMS float64
 }
 
 // inService is a request in service and the pod's vwork at which it completes.
@@ -126,8 +128,19 @@ func (p *pod) nextWake() float64 {
 	if p.quota > 0 {
 		wake = min(wake, p.lastT+max(0, p.quota-p.used)/busy, p.periodEnd)
 	}
+	// lastT plus a small positive remainder rounds back to lastT once lastT is large (past 2048 s
+	// a second has a resolution of 4.5e-13, while a remainder can be 1e-12 of quota over many
+	// cores): the pod would wake at the same instant forever and never use the remainder up.
+	// Unless a request completes at lastT, wake one step of the clock later instead.
+	if wake <= p.lastT && minFinish > p.vwork+completionSlack {
+		wake = math.Nextafter(p.lastT, math.Inf(1))
+	}
 	return wake
 }
+
+// completionSlack is how far short of its work a request may be and count as complete: the
+// rounding of the pod's work clock.
+const completionSlack = 1e-12
 
 // setSpeed changes the hardware speed; work already in service keeps its progress.
 func (p *pod) setSpeed(speed float64) {

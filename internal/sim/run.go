@@ -55,6 +55,9 @@ type Options struct {
 	// StaticWeights, when set, gives every pod of a group a fixed weight from the start, with no
 	// controller: how a hand-tuned ServiceEntry would behave.
 	StaticWeights map[string]int
+	// Metrics, when set, records the series a real mesh would expose for the run (export.go).
+	// A recorder serves one run.
+	Metrics *MetricsRecorder
 }
 
 // request is one request in flight.
@@ -139,6 +142,9 @@ type simulation struct {
 	warmServed []uint64
 	warmAt     []float64
 	progressAt float64
+
+	// recorder is opts.Metrics while it records this run; nil otherwise.
+	recorder *MetricsRecorder
 }
 
 // Run simulates a scenario under one policy. It is deterministic for the scenario's seed.
@@ -233,6 +239,9 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 	s.refreshBalancers()
 	if s.warmup == 0 {
 		s.markWarm(0)
+	}
+	if err := s.startRecording(); err != nil {
+		return nil, err
 	}
 	s.schedule()
 	if err := s.loop(); err != nil {
@@ -588,7 +597,7 @@ func (s *simulation) rewake(p *pod) {
 func (s *simulation) onPodWake(t float64, p *pod) {
 	p.advance(t)
 	// Complete every request whose work is done (several can finish together).
-	const eps = 1e-12
+	const eps = completionSlack
 	kept := p.running[:0]
 	p.minFinish = math.Inf(1)
 	for _, r := range p.running {
@@ -601,6 +610,7 @@ func (s *simulation) onPodWake(t float64, p *pod) {
 		p.served++
 		inPod := t - s.reqs[id].sent - s.netHalf
 		p.latencies.observe(inPod * 1000)
+		p.latencySumMS += inPod * 1000
 		if s.prequal != nil {
 			p.recordRIFLatency(int(s.reqs[id].rif), inPod)
 		}
@@ -636,6 +646,9 @@ func (s *simulation) onResponse(t float64, id int32) {
 		s.orcaReport(t, int(r.proxy), r.pod)
 	}
 	ms := float32((t - r.sent) * 1000)
+	if s.recorder != nil {
+		s.recorder.observeClient(r.proxy, float64(t-r.sent)*1000)
+	}
 	bucket := sketchIndex(ms)
 	s.bucketLat.addAt(bucket, ms)
 	if r.sent >= s.warmup {
@@ -659,6 +672,9 @@ func (s *simulation) onSnapshot(t float64) {
 		s.snapLatency[p.id] = append(s.snapLatency[p.id], p.latencies)
 	}
 	s.fleetServed = append(s.fleetServed, served)
+	if s.recorder != nil {
+		s.recorder.maybeScrape(s, t)
+	}
 	if int(t)%timelineBucket == 0 {
 		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: s.bucketLat.quantile(0.5), P99: s.bucketLat.quantile(0.99), RPS: float64(s.bucketLat.n) / timelineBucket})
 		s.bucketLat.reset()
