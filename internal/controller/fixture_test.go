@@ -21,8 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
-	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 var nsCounter atomic.Int64
