@@ -25,6 +25,7 @@ type simulateOptions struct {
 	duration     time.Duration
 	warmup       time.Duration
 	progress     bool
+	noLag        bool
 
 	scenario *sim.Scenario
 }
@@ -71,6 +72,7 @@ experiment: 15 pods computing fib(25..29) under 1,500 rps.`,
 	// Unset flags are told apart with Changed, not with sentinel defaults, which --help would print.
 	f.DurationVar(&o.warmup, "warmup", 0, "simulated warm-up excluded from statistics (default: the scenario's)")
 	f.BoolVar(&o.progress, "progress", false, "show progress on stderr (default: when stderr is a terminal)")
+	f.BoolVar(&o.noLag, noLagFlag, false, noLagUsage)
 	return cmd
 }
 
@@ -103,6 +105,9 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 			return newUsageError("--warmup %v must not be negative", o.warmup)
 		}
 		o.scenario.Warmup.Duration = o.warmup
+	}
+	if o.noLag {
+		o.scenario.Controller.Metrics = sim.NoMetricsLag()
 	}
 	if !cmd.Flags().Changed("progress") {
 		o.progress = isTerminal(os.Stderr)
@@ -186,13 +191,31 @@ func runPolicies(sc *sim.Scenario, policies []string, progress bool, stderr io.W
 	return results, nil
 }
 
+// The flag that turns the metrics lag off, shared by simulate and bench.
+const (
+	noLagFlag  = "no-metrics-lag"
+	noLagUsage = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape and 30s latency offset)"
+)
+
+// describeLag says how the controller reads its metrics, for a table's header.
+func describeLag(m sim.Metrics) string {
+	if m.Lagless() {
+		return "metrics without lag"
+	}
+	s := fmt.Sprintf("metrics scraped every %v, read %v in the past", m.ScrapeInterval.Duration, m.LatencyOffset.Duration)
+	if m.IngestionDelay.Duration > 0 {
+		s += fmt.Sprintf(", ingested after %v", m.IngestionDelay.Duration)
+	}
+	return s
+}
+
 func printResults(w io.Writer, sc *sim.Scenario, results []*sim.Result) error {
 	pods, rps := 0, sc.Load.RPS
 	for _, p := range sc.Pods {
 		pods += p.Replicas
 	}
-	fmt.Fprintf(w, "Scenario %s: %d pods, %.0f rps, %v simulated (first %v excluded), seed %d, clients: %d proxies × %d workers on %s\n\n",
-		sc.Name, pods, rps, sc.Duration.Duration, sc.Warmup.Duration, sc.Seed, sc.Clients.Proxies, sc.Clients.Workers, sc.Clients.LB)
+	fmt.Fprintf(w, "Scenario %s: %d pods, %.0f rps, %v simulated (first %v excluded), seed %d, clients: %d proxies × %d workers on %s; %s\n\n",
+		sc.Name, pods, rps, sc.Duration.Duration, sc.Warmup.Duration, sc.Seed, sc.Clients.Proxies, sc.Clients.Workers, sc.Clients.LB, describeLag(sc.Controller.Metrics))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tp50 ms\tp90 ms\tp95 ms\tp99 ms\tp99.9 ms\tmean ms\ttotal CPU\trequests\tweight writes\t")
 	for _, r := range results {
