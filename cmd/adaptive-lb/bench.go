@@ -262,10 +262,14 @@ func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stde
 
 func (o *benchOptions) markdown(rows []benchRow) string {
 	var b strings.Builder
+	lagFlag, lag := "", "each file's metrics lag, by default a 15 s scrape read 30 s in the past"
+	if o.noLag {
+		lagFlag, lag = " --"+noLagFlag, "no metrics lag"
+	}
 	if o.seeds > 1 {
-		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs --seeds %d` (suite `%s`, seed of each scenario file; the robustness table at the end adds the next %d seeds).\n\n", o.seeds, o.suite, o.seeds-1)
+		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs --seeds %d%s` (suite `%s`, seed of each scenario file; %s; the robustness table at the end adds the next %d seeds).\n\n", o.seeds, lagFlag, o.suite, lag, o.seeds-1)
 	} else {
-		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs` (suite `%s`, seed of each scenario file).\n\n", o.suite)
+		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs%s` (suite `%s`, seed of each scenario file; %s).\n\n", lagFlag, o.suite, lag)
 	}
 	b.WriteString("p99 latency in ms:\n\n| scenario |")
 	for _, p := range o.policies {

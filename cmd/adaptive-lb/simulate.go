@@ -32,11 +32,14 @@ type simulateOptions struct {
 
 // simulateReport is the --json document. Field names are a public format: add, never rename.
 type simulateReport struct {
-	Scenario string        `json:"scenario"`
-	Seed     int64         `json:"seed"`
-	Duration string        `json:"duration"`
-	Warmup   string        `json:"warmup"`
-	Results  []*sim.Result `json:"results"`
+	Scenario string `json:"scenario"`
+	Seed     int64  `json:"seed"`
+	Duration string `json:"duration"`
+	Warmup   string `json:"warmup"`
+	// Metrics is how the simulated controller read its metrics (the scenario's, or none with
+	// --no-metrics-lag).
+	Metrics sim.Metrics   `json:"metrics"`
+	Results []*sim.Result `json:"results"`
 }
 
 func newSimulateCmd() *cobra.Command { return newSimulateCmdFor(&simulateOptions{}) }
@@ -131,7 +134,7 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 	}
 	// Write every file before printing, so a failure never leaves a table that looks complete.
 	if o.jsonFile != "" {
-		rep := simulateReport{Scenario: o.scenario.Name, Seed: o.scenario.Seed, Duration: o.scenario.Duration.String(), Warmup: o.scenario.Warmup.String(), Results: results}
+		rep := simulateReport{Scenario: o.scenario.Name, Seed: o.scenario.Seed, Duration: o.scenario.Duration.String(), Warmup: o.scenario.Warmup.String(), Metrics: o.scenario.Controller.Metrics, Results: results}
 		data, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode results: %w", err)

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -175,5 +176,32 @@ func TestRecordPeak_IsTheHighestCycleRateOfTheLastTenMinutesOnceThereIsHistory(t
 		if got := s.recordPeak(st.at, st.rate, st.observed); got != st.want {
 			t.Fatalf("peak at %.0f s = %v, want %v (history %+v)", st.at, got, st.want, s.rateHistory)
 		}
+	}
+}
+
+// The peers measure in-band and Envoy alone measures nothing: the TSDB's lag must not touch them.
+func TestRun_PeersAndEnvoyAloneIgnoreTheMetricsLag(t *testing.T) {
+	for _, policy := range []string{PolicyLeastRequest, PolicyPeakEWMA, PolicyORCAWRR, PolicyPrequal} {
+		t.Run(policy, func(t *testing.T) {
+			var results []*Result
+			for _, lagged := range []bool{true, false} {
+				sc, err := Builtin(DefaultScenario)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sc.Duration.Duration, sc.Warmup.Duration = 40*time.Second, 10*time.Second
+				if !lagged {
+					sc.Controller.Metrics = NoMetricsLag()
+				}
+				r, err := Run(sc, policy, Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				results = append(results, r)
+			}
+			if !reflect.DeepEqual(results[0], results[1]) {
+				t.Fatalf("%s: the metrics lag changed the result: p99 %.2f with lag, %.2f without", policy, results[0].Latency.P99, results[1].Latency.P99)
+			}
+		})
 	}
 }
