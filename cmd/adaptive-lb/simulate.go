@@ -27,6 +27,7 @@ type simulateOptions struct {
 	progress     bool
 	export       exportOptions
 	whatIf       whatIfOptions
+	noLag        bool
 
 	// seedSet and policiesSet: the flags were given (a what-if keeps its own defaults otherwise).
 	seedSet, policiesSet bool
@@ -35,11 +36,14 @@ type simulateOptions struct {
 
 // simulateReport is the --json document. Field names are a public format: add, never rename.
 type simulateReport struct {
-	Scenario string        `json:"scenario"`
-	Seed     int64         `json:"seed"`
-	Duration string        `json:"duration"`
-	Warmup   string        `json:"warmup"`
-	Results  []*sim.Result `json:"results"`
+	Scenario string `json:"scenario"`
+	Seed     int64  `json:"seed"`
+	Duration string `json:"duration"`
+	Warmup   string `json:"warmup"`
+	// Metrics is how the simulated controller read its metrics (the scenario's, or none with
+	// --no-metrics-lag).
+	Metrics sim.Metrics   `json:"metrics"`
+	Results []*sim.Result `json:"results"`
 	// WhatIf is set by --from-tsdb: the Service, the model check and the advice.
 	WhatIf *whatIfReport `json:"what_if,omitempty"`
 }
@@ -89,6 +93,7 @@ least_request, capacity, tail and cpu-share on the window's load, with advice.`,
 	f.BoolVar(&o.progress, "progress", false, "show progress on stderr (default: when stderr is a terminal)")
 	o.export.addFlags(f)
 	o.whatIf.addFlags(f)
+	f.BoolVar(&o.noLag, noLagFlag, false, noLagUsage)
 	return cmd
 }
 
@@ -129,6 +134,9 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 		}
 		o.scenario.Warmup.Duration = o.warmup
 	}
+	if o.noLag {
+		o.scenario.Controller.Metrics = sim.NoMetricsLag()
+	}
 	if !cmd.Flags().Changed("progress") {
 		o.progress = isTerminal(os.Stderr)
 	}
@@ -160,7 +168,7 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 // when they are asked for.
 func (o *simulateOptions) writeFiles(sc *sim.Scenario, results []*sim.Result, whatIf *whatIfReport) error {
 	if o.jsonFile != "" {
-		rep := simulateReport{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.String(), Warmup: sc.Warmup.String(), Results: results, WhatIf: whatIf}
+		rep := simulateReport{Scenario: sc.Name, Seed: sc.Seed, Duration: sc.Duration.String(), Warmup: sc.Warmup.String(), Metrics: sc.Controller.Metrics, Results: results, WhatIf: whatIf}
 		data, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode results: %w", err)
@@ -228,13 +236,31 @@ func runPoliciesRecorded(sc *sim.Scenario, policies []string, progress bool, std
 	return results, nil
 }
 
+// The flag that turns the metrics lag off, shared by simulate and bench.
+const (
+	noLagFlag  = "no-metrics-lag"
+	noLagUsage = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape and 30s latency offset)"
+)
+
+// describeLag says how the controller reads its metrics, for a table's header.
+func describeLag(m sim.Metrics) string {
+	if m.Lagless() {
+		return "metrics without lag"
+	}
+	s := fmt.Sprintf("metrics scraped every %v, read %v in the past", m.ScrapeInterval.Duration, m.LatencyOffset.Duration)
+	if m.IngestionDelay.Duration > 0 {
+		s += fmt.Sprintf(", ingested after %v", m.IngestionDelay.Duration)
+	}
+	return s
+}
+
 func printResults(w io.Writer, sc *sim.Scenario, results []*sim.Result) error {
 	pods, rps := 0, sc.Load.RPS
 	for _, p := range sc.Pods {
 		pods += p.Replicas
 	}
-	fmt.Fprintf(w, "Scenario %s: %d pods, %.0f rps, %v simulated (first %v excluded), seed %d, clients: %d proxies × %d workers on %s\n\n",
-		sc.Name, pods, rps, sc.Duration.Duration, sc.Warmup.Duration, sc.Seed, sc.Clients.Proxies, sc.Clients.Workers, sc.Clients.LB)
+	fmt.Fprintf(w, "Scenario %s: %d pods, %.0f rps, %v simulated (first %v excluded), seed %d, clients: %d proxies × %d workers on %s; %s\n\n",
+		sc.Name, pods, rps, sc.Duration.Duration, sc.Warmup.Duration, sc.Seed, sc.Clients.Proxies, sc.Clients.Workers, sc.Clients.LB, describeLag(sc.Controller.Metrics))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tp50 ms\tp90 ms\tp95 ms\tp99 ms\tp99.9 ms\tmean ms\ttotal CPU\trequests\tweight writes\t")
 	for _, r := range results {

@@ -39,12 +39,10 @@ type MeshLabels struct {
 	Service string
 	// ClientWorkload names the client pods' workload; default "client".
 	ClientWorkload string
-	// ScrapeInterval is how often the series are sampled, in whole seconds; default 15s.
+	// ScrapeInterval is how often the series are sampled, in whole seconds; default DefaultScrapeInterval
+	// (scenario.go), the interval the simulated controller reads at.
 	ScrapeInterval time.Duration
 }
-
-// DefaultScrapeInterval is the scrape interval of the exported series unless told otherwise.
-const DefaultScrapeInterval = 15 * time.Second
 
 // NewMetricsRecorder returns a recorder for one run. An interval that is not a whole number of
 // seconds is an error: the simulator samples its counters once per simulated second.

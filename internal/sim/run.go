@@ -58,6 +58,8 @@ type Options struct {
 	// Metrics, when set, records the series a real mesh would expose for the run (export.go).
 	// A recorder serves one run.
 	Metrics *MetricsRecorder
+	// seeInput, when set, is handed every cycle's engine input (tests).
+	seeInput func(t float64, in weights.Input)
 }
 
 // request is one request in flight.
@@ -122,15 +124,19 @@ type simulation struct {
 	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
 	snapServed   [][]uint64           // [pod id][second] cumulative completions
 	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
-	fleetServed  []uint64             // [second] cumulative completions of every pod
 	pending      map[uint32]map[int32]int
 	applySeq     uint32
 	weightWrites int
 	weightLog    []WeightPoint
 	lastApply    float64 // when weights last reached the clients; 0 before the first write
-	// lastObserved is the last cycle's input per pod id, kept for the re-plan when endpoints
-	// leave (see replan).
+	// lastObserved is the last cycle's input per pod id, and lastPeak its recent peak rate,
+	// kept for the re-plan when endpoints leave (see replan).
 	lastObserved map[int32]weights.Endpoint
+	lastPeak     float64
+	// snapFrom is, per pod id, the second of its first kept counters (snapCPU[id][0]).
+	snapFrom []int
+	// rateHistory is the Service's rate as each cycle of the last peakRateHorizon observed it.
+	rateHistory []rateObservation
 
 	// Peers' client-side state, per proxy.
 	peak     []peakEWMA
@@ -407,6 +413,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	s.snapCPU = append(s.snapCPU, nil)
 	s.snapServed = append(s.snapServed, nil)
 	s.snapLatency = append(s.snapLatency, nil)
+	s.snapFrom = append(s.snapFrom, 0)
 	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
 		s.weightOf[id] = w
 	} else if s.policy == PolicyCPUShare && len(s.weightOf) > 0 {
@@ -663,15 +670,15 @@ func (s *simulation) onResponse(t float64, id int32) {
 }
 
 func (s *simulation) onSnapshot(t float64) {
-	var served uint64
 	for _, p := range s.pods {
-		served += p.served
 		p.advance(t)
+		if len(s.snapCPU[p.id]) == 0 {
+			s.snapFrom[p.id] = int(t)
+		}
 		s.snapCPU[p.id] = append(s.snapCPU[p.id], p.cpu)
 		s.snapServed[p.id] = append(s.snapServed[p.id], p.served)
 		s.snapLatency[p.id] = append(s.snapLatency[p.id], p.latencies)
 	}
-	s.fleetServed = append(s.fleetServed, served)
 	if s.recorder != nil {
 		s.recorder.maybeScrape(s, t)
 	}
@@ -699,93 +706,47 @@ func (s *simulation) markWarm(t float64) {
 	}
 }
 
-// windowStats returns a pod's CPU cores, completion rate and p99 in-pod latency over the
-// controller window ending at second sec, as rate() and histogram_quantile() over a TSDB's
-// samples would.
-func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64, buckets []weights.LatencyBucket) {
-	cpus, served := s.snapCPU[p.id], s.snapServed[p.id]
-	last := len(cpus) - 1
-	if last < 0 {
-		return 0, 0, 0, 0, nil
-	}
-	first := last - int(s.sc.Controller.Window.Seconds())
-	if first < 0 {
-		first = 0
-	}
-	// The pod's own samples start at the first snapshot after it was born.
-	startSec := int(math.Ceil(p.born))
-	bornIdx := last - (sec - startSec)
-	if bornIdx > first {
-		first = bornIdx
-	}
-	span = float64(last - first)
-	if span <= 0 {
-		return 0, 0, 0, 0, nil
-	}
-	hist := s.snapLatency[p.id]
-	p99 = hist[last].quantileSince(&hist[first], 0.99)
-	buckets = hist[last].bucketsSince(&hist[first])
-	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, p99, span, buckets
-}
-
-// recentPeakRate is the fleet's highest completion rate, each averaged over one controller window,
-// among the windows ending in the last peakHorizon seconds: max_over_time over the summed rate.
-func (s *simulation) recentPeakRate() float64 {
-	window := int(s.sc.Controller.Window.Seconds())
-	last := len(s.fleetServed) - 1
-	peak := 0.0
-	for end := last; end >= window && end > last-peakHorizon; end-- {
-		peak = math.Max(peak, float64(s.fleetServed[end]-s.fleetServed[end-window])/float64(window))
-	}
-	return peak
-}
-
-// peakHorizon is how far back, in seconds, recentPeakRate looks.
-const peakHorizon = 600
-
 // publishedStartWeight is the weight the published operator writes for every endpoint before
 // its first cycle.
 const publishedStartWeight = 1000
 
-// minMetricsAge is how long a pod must have been scraped before its rates mean anything.
-const minMetricsAge = 15
-
 func (s *simulation) onControl(t float64) error {
-	sec := int(math.Round(t))
-	var eps []weights.Endpoint
-	var ids []int32
+	eps := make([]weights.Endpoint, 0, len(s.hosts))
+	ids := make([]int32, 0, len(s.hosts))
+	serviceRate, rateObserved := 0.0, false
 	for _, h := range s.hosts {
-		p := s.pods[h]
-		if len(s.snapCPU[h]) == 0 {
-			continue
-		}
-		cpu, rps, p99, span, buckets := s.windowStats(p, sec)
+		o := s.observe(s.pods[h], t)
 		cur := s.weightOf[h]
 		if len(s.weightOf) == 0 {
 			cur = 1 // unweighted: Envoy sees every endpoint at weight 1
 		}
 		eps = append(eps, weights.Endpoint{
-			ID:                p.name,
-			CPUCores:          cpu,
-			CPULimitCores:     p.limit,
-			RequestRate:       rps,
-			LatencyP99Seconds: p99,
-			HasMetrics:        span >= minMetricsAge,
+			ID:                s.pods[h].name,
+			CPUCores:          o.cpu,
+			CPULimitCores:     s.pods[h].limit,
+			RequestRate:       o.rps,
+			LatencyP99Seconds: o.p99,
+			HasMetrics:        o.hasMetrics,
 			CurrentWeight:     cur,
-			NodeCPUCores:      p.cores,
-			LatencyBuckets:    buckets,
+			NodeCPUCores:      s.pods[h].cores,
+			LatencyBuckets:    o.buckets,
 		})
 		ids = append(ids, h)
+		if o.rateUsable {
+			serviceRate += o.rps
+			rateObserved = true
+		}
 	}
 	s.lastObserved = make(map[int32]weights.Endpoint, len(ids))
 	for i, h := range ids {
 		s.lastObserved[h] = eps[i]
 	}
-	coverage := 1.0
-	if s.lastApply > 0 {
-		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
+	s.lastPeak = s.recordPeak(t, serviceRate, rateObserved)
+	in := weights.Input{Endpoints: eps, WindowCoverage: s.windowCoverage(t), WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak}
+	if s.opts.seeInput != nil {
+		s.opts.seeInput(t, in)
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate()}, *s.settings)
+	d, err := weights.Compute(in, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
 	}
@@ -841,7 +802,7 @@ func (s *simulation) replan(t float64) {
 		ids = append(ids, h)
 		current = append(current, s.weightOf[h])
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate(), Replan: true}, *s.settings)
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak, Replan: true}, *s.settings)
 	if err != nil || !d.Changed {
 		// An error leaves the weights as they are (the last cycle's input was accepted). An
 		// unchanged decision returns the basis, the weights of the last cycle's window: writing
