@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"os"
 	"errors"
 	"fmt"
 	"math"
@@ -121,7 +122,12 @@ type simulation struct {
 	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
 	fleetServed  []uint64             // [second] cumulative completions of every pod
 	pending      map[uint32]map[int32]int
+	pendingWhy   map[uint32]string // the model's overrule behind a pending write, if any
 	applySeq     uint32
+	// modelDistrust is the tail algorithm's distrust of its model, carried from one cycle's
+	// decision to the next as the operator carries it in status.
+	modelDistrust  float64
+	modelOverrules int
 	weightWrites int
 	weightLog    []WeightPoint
 	lastApply    float64 // when weights last reached the clients; 0 before the first write
@@ -160,6 +166,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		netHalf:          sc.Clients.NetworkLatency.Seconds() / 2,
 		weightOf:         map[int32]int{},
 		pending:          map[uint32]map[int32]int{},
+		pendingWhy:       map[uint32]string{},
 		// The recoveries cut the latencies by time, which the sketches cannot.
 		keepLatencies: len(speedChanges(sc)) > 0,
 	}
@@ -219,7 +226,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 			}
 			s.weightOf[id] = w
 		}
-		s.logWeights(0)
+		s.logWeights(0, "")
 	}
 	if policy == PolicyCPUDistance || policy == PolicyCPUShare {
 		// The published operator's first act is to write every endpoint at 1000; its rules then
@@ -228,7 +235,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 			s.weightOf[id] = publishedStartWeight
 		}
 		s.weightWrites++
-		s.logWeights(0)
+		s.logWeights(0, "")
 	}
 	s.refreshBalancers()
 	if s.warmup == 0 {
@@ -769,9 +776,29 @@ func (s *simulation) onControl(t float64) error {
 	if s.lastApply > 0 {
 		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: coverage, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate()}, *s.settings)
+	if os.Getenv("ALB_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "t=%.0f cov=%.2f\n", t, coverage)
+		for _, e := range eps {
+			fmt.Fprintf(os.Stderr, "   %s rps=%.1f cpu=%.2f p99=%.1fms w=%d\n", e.ID, e.RequestRate, e.CPUCores, e.LatencyP99Seconds*1000, e.CurrentWeight)
+		}
+	}
+	d, err := weights.Compute(weights.Input{
+		Endpoints:             eps,
+		WindowCoverage:        coverage,
+		WindowSeconds:         s.sc.Controller.Window.Seconds(),
+		RecentPeakRequestRate: s.recentPeakRate(),
+		ProjectedRequestRate:  s.projectedRate(),
+		ModelDistrust:         s.modelDistrust,
+	}, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
+	}
+	s.modelDistrust = d.ModelDistrust
+	if d.ModelOverruled != "" {
+		s.modelOverrules++
+	}
+	if os.Getenv("ALB_DEBUG") != "" {
+		fmt.Fprintf(os.Stderr, "  -> changed=%v %s\n", d.Changed, d.Reason)
 	}
 	if !d.Changed {
 		return nil
@@ -781,8 +808,33 @@ func (s *simulation) onControl(t float64) error {
 		next[ids[i]] = r.Weight
 	}
 	s.scheduleApply(t, next)
+	if d.ModelOverruled != "" {
+		s.pendingWhy[s.applySeq] = d.ModelOverruled
+	}
 	return nil
 }
+
+// projectedRate extrapolates the fleet's windowed completion rate over the last trendWindows
+// controller cycles to when the weights decided now will have been replaced: the weights.Input
+// the operator fills the same way from its rate history.
+func (s *simulation) projectedRate() float64 {
+	window := int(s.sc.Controller.Window.Seconds())
+	interval := int(s.sc.Controller.Interval.Seconds())
+	last := len(s.fleetServed) - 1
+	var samples []weights.RateSample
+	for k := trendWindows - 1; k >= 0; k-- {
+		end := last - k*interval
+		if end-window < 0 {
+			continue
+		}
+		samples = append(samples, weights.RateSample{EndSeconds: float64(end), Rate: float64(s.fleetServed[end]-s.fleetServed[end-window]) / float64(window)})
+	}
+	horizon := float64(window)/2 + float64(interval) + s.sc.Controller.ApplyDelay.Seconds()
+	return weights.ProjectRequestRate(samples, horizon)
+}
+
+// trendWindows is how many cycles' windows the rate trend is fitted over.
+const trendWindows = 3
 
 // scheduleApply counts a weight write decided at t and has it reach the clients after the apply
 // delay, as the operator's ServiceEntry write reaches them through istiod.
@@ -849,6 +901,8 @@ func (s *simulation) replan(t float64) {
 func (s *simulation) onApply(t float64, seq uint32) {
 	next := s.pending[seq]
 	delete(s.pending, seq)
+	why := s.pendingWhy[seq]
+	delete(s.pendingWhy, seq)
 	applied := make(map[int32]int, len(s.hosts))
 	for _, h := range s.hosts {
 		if w, ok := next[h]; ok {
@@ -868,12 +922,12 @@ func (s *simulation) onApply(t float64, seq uint32) {
 			}
 		}
 	}
-	s.logWeights(t)
+	s.logWeights(t, why)
 	s.refreshBalancers()
 }
 
-func (s *simulation) logWeights(t float64) {
-	wp := WeightPoint{TimeS: t, Weights: map[string]int{}}
+func (s *simulation) logWeights(t float64, overruled string) {
+	wp := WeightPoint{TimeS: t, Weights: map[string]int{}, ModelOverruled: overruled}
 	for _, h := range s.hosts {
 		wp.Weights[s.pods[h].name] = s.weightOf[h]
 	}
