@@ -14,8 +14,8 @@ type Result struct {
 	Requests     int64       `json:"requests"`
 	WeightWrites int         `json:"weight_writes"`
 	// ModelOverrules counts the cycles whose measurements overruled the tail algorithm's model.
-	ModelOverrules int `json:"model_overrules,omitempty"`
-	Pods         []PodResult `json:"pods"`
+	ModelOverrules int         `json:"model_overrules,omitempty"`
+	Pods           []PodResult `json:"pods"`
 	// Timeline holds the latency of each 10 s of the run, warm-up included.
 	Timeline []TimelinePoint `json:"timeline"`
 	// Weights holds every weight write as it reached the clients.

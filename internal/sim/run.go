@@ -1,11 +1,11 @@
 package sim
 
 import (
-	"os"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
 	"sort"
 	"strings"
 
@@ -117,20 +117,20 @@ type simulation struct {
 	totalSent     uint64
 
 	// Controller state.
-	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
-	snapServed   [][]uint64           // [pod id][second] cumulative completions
-	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
-	fleetServed  []uint64             // [second] cumulative completions of every pod
-	pending      map[uint32]map[int32]int
-	pendingWhy   map[uint32]string // the model's overrule behind a pending write, if any
-	applySeq     uint32
+	snapCPU     [][]float64          // [pod id][second] cumulative CPU-seconds
+	snapServed  [][]uint64           // [pod id][second] cumulative completions
+	snapLatency [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
+	fleetServed []uint64             // [second] cumulative completions of every pod
+	pending     map[uint32]map[int32]int
+	pendingWhy  map[uint32]string // the model's overrule behind a pending write, if any
+	applySeq    uint32
 	// modelDistrust is the tail algorithm's distrust of its model, carried from one cycle's
 	// decision to the next as the operator carries it in status.
 	modelDistrust  float64
 	modelOverrules int
-	weightWrites int
-	weightLog    []WeightPoint
-	lastApply    float64 // when weights last reached the clients; 0 before the first write
+	weightWrites   int
+	weightLog      []WeightPoint
+	lastApply      float64 // when weights last reached the clients; 0 before the first write
 	// lastObserved is the last cycle's input per pod id, kept for the re-plan when endpoints
 	// leave (see replan).
 	lastObserved map[int32]weights.Endpoint

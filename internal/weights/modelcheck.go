@@ -253,4 +253,3 @@ func formatSeconds(s float64) string {
 	}
 	return fmt.Sprintf("%.3gµs", s*1e6)
 }
-

@@ -24,7 +24,6 @@ func hotFleet() []Endpoint {
 	return eps
 }
 
-
 func onNode(cores float64) func(*Endpoint) { return func(e *Endpoint) { e.NodeCPUCores = cores } }
 
 func fleetShare(d Decision, prefix string) float64 {
