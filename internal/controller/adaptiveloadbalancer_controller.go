@@ -97,8 +97,9 @@ type AdaptiveLoadBalancerReconciler struct {
 	// failingSince holds, per AdaptiveLoadBalancer whose mirror fails, when the failures began.
 	failingSince sync.Map // types.NamespacedName → time.Time
 
-	propagation     *propagationTracker
-	lastStatusWrite sync.Map // types.NamespacedName → time.Time of the last status write
+	propagation *propagationTracker
+	// statusThrottle spaces the status writes that only refresh the endpoint list.
+	statusThrottle statusThrottle
 	// Versions are the ServiceEntry versions this operator wrote, shared with the weight cycle;
 	// SetupWithManager creates them if nil.
 	Versions *ServiceEntryVersions
@@ -543,6 +544,17 @@ func medianWeight(ws []uint32) uint32 {
 	return sorted[len(sorted)/2]
 }
 
+// endpointIPs are the addresses at which an endpoint is known to be pod's own: its pod IPs, and
+// none for a host-network pod, whose IP is its node's, shared with every other host-network pod
+// there. The pod-IP index and the weight cycle's search for an endpoint's pod both use it.
+func endpointIPs(pod *corev1.Pod) []string {
+	if pod.Spec.HostNetwork {
+		return nil
+	}
+	return podIPs(pod)
+}
+
+// podIPs are pod's IPs: status.podIPs, or status.podIP when only it is set.
 func podIPs(pod *corev1.Pod) []string {
 	var ips []string
 	for _, ip := range pod.Status.PodIPs {
@@ -674,7 +686,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 // going: its status throttle, a pending propagation measure, its per-endpoint weight series and
 // its membership record (which the weight cycle also prunes, but no cycle runs without a TSDB).
 func (r *AdaptiveLoadBalancerReconciler) forget(key types.NamespacedName) {
-	r.lastStatusWrite.Delete(key)
+	r.statusThrottle.retain(func(k types.NamespacedName) bool { return k != key })
 	r.failingSince.Delete(key)
 	r.Membership.Forget(key)
 	r.propagation.begin(key)
@@ -747,10 +759,8 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		// The throttle applies to the decision taken on the cached object; a retry after a
 		// conflict completes a write already decided.
 		if first && endpointsOnly(&alb.Status, status) {
-			if last, ok := r.lastStatusWrite.Load(key); ok {
-				if wait = statusEndpointInterval - r.Clock.Since(last.(time.Time)); wait > 0 {
-					return false
-				}
+			if wait = r.statusThrottle.wait(key, r.Clock.Now(), statusEndpointInterval); wait > 0 {
+				return false
 			}
 		}
 		first = false
@@ -763,7 +773,7 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		return 0, err
 	}
 	if wrote {
-		r.lastStatusWrite.Store(key, r.Clock.Now())
+		r.statusThrottle.wrote(key, r.Clock.Now())
 	}
 	return max(wait, 0), nil
 }

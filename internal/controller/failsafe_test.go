@@ -288,10 +288,11 @@ func TestServiceEntrySize_EtcdRefusesAboveTheLimit(t *testing.T) {
 
 func TestWeightCycle_ForgetsDeletedAdaptiveLoadBalancers(t *testing.T) {
 	kept, gone, going := types.NamespacedName{Namespace: "a", Name: "kept"}, types.NamespacedName{Namespace: "a", Name: "gone"}, types.NamespacedName{Namespace: "a", Name: "going"}
-	w := &WeightCycle{states: map[types.NamespacedName]cycle.State{}, lastRun: map[types.NamespacedName]time.Time{}, lastStatusWrite: map[types.NamespacedName]time.Time{},
+	w := &WeightCycle{states: map[types.NamespacedName]cycle.State{}, lastRun: map[types.NamespacedName]time.Time{},
 		known: map[types.NamespacedName]map[string]bool{}, rateHistory: map[types.NamespacedName][]rateObservation{}}
 	for _, k := range []types.NamespacedName{kept, gone, going} {
-		w.states[k], w.lastRun[k], w.lastStatusWrite[k], w.known[k] = cycle.State{}, time.Now(), time.Now(), map[string]bool{"10.0.0.1": true}
+		w.states[k], w.lastRun[k], w.known[k] = cycle.State{}, time.Now(), map[string]bool{"10.0.0.1": true}
+		w.statusThrottle.wrote(k, time.Now())
 		w.rateHistory[k] = []rateObservation{{at: time.Now(), rate: 100}}
 	}
 	now := metav1.Now()
@@ -299,7 +300,7 @@ func TestWeightCycle_ForgetsDeletedAdaptiveLoadBalancers(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "kept"}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "going", DeletionTimestamp: &now}},
 	})
-	for name, m := range map[string]int{"states": len(w.states), "lastRun": len(w.lastRun), "lastStatusWrite": len(w.lastStatusWrite), "known": len(w.known), "rateHistory": len(w.rateHistory)} {
+	for name, m := range map[string]int{"states": len(w.states), "lastRun": len(w.lastRun), "statusThrottle": len(w.statusThrottle.last), "known": len(w.known), "rateHistory": len(w.rateHistory)} {
 		if m != 1 {
 			t.Errorf("%s holds %d entries, want only the live one", name, m)
 		}

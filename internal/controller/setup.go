@@ -45,17 +45,7 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return err
 	}
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, indexPodIP, func(o client.Object) []string {
-		if o.(*corev1.Pod).Spec.HostNetwork {
-			return nil // it shares its node's IP with every other host-network pod there
-		}
-		var ips []string
-		for _, ip := range o.(*corev1.Pod).Status.PodIPs {
-			ips = append(ips, ip.IP)
-		}
-		if len(ips) == 0 && o.(*corev1.Pod).Status.PodIP != "" {
-			ips = append(ips, o.(*corev1.Pod).Status.PodIP)
-		}
-		return ips
+		return endpointIPs(o.(*corev1.Pod))
 	}); err != nil {
 		return err
 	}

@@ -3,11 +3,15 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
+	"sync"
+	"time"
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -104,4 +108,42 @@ func readyCondition(conds []metav1.Condition, gen int64) metav1.Condition {
 		ready.Message += "; weights: " + w.Reason
 	}
 	return ready
+}
+
+// statusThrottle spaces one writer's status writes that carry only a minor change (the mirror's
+// endpoint list, the weight cycle's per-endpoint signals): it remembers when each
+// AdaptiveLoadBalancer's status was last written. It lives in memory only: a new leader's first
+// write of each object goes out at once, which costs one write, never a wrong status.
+type statusThrottle struct {
+	mu   sync.Mutex
+	last map[types.NamespacedName]time.Time
+}
+
+// wait returns how long a minor write of key's status must still wait at now to keep interval
+// after the last write; 0 when it may go now.
+func (t *statusThrottle) wait(key types.NamespacedName, now time.Time, interval time.Duration) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	last, ok := t.last[key]
+	if !ok {
+		return 0
+	}
+	return max(interval-now.Sub(last), 0)
+}
+
+// wrote records a status write of key at now.
+func (t *statusThrottle) wrote(key types.NamespacedName, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.last == nil {
+		t.last = map[types.NamespacedName]time.Time{}
+	}
+	t.last[key] = now
+}
+
+// retain forgets every AdaptiveLoadBalancer for which keep is false.
+func (t *statusThrottle) retain(keep func(types.NamespacedName) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	maps.DeleteFunc(t.last, func(key types.NamespacedName, _ time.Time) bool { return !keep(key) })
 }

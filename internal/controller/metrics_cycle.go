@@ -1,0 +1,39 @@
+package controller
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// CycleMetrics are the weight cycle's own metrics.
+type CycleMetrics struct {
+	CycleDuration    prometheus.Histogram
+	EstimatedPushes  prometheus.Counter
+	LastSuccess      prometheus.Gauge
+	DeferredServices prometheus.Gauge
+}
+
+// NewCycleMetrics registers the weight cycle's metrics with reg.
+func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
+	m := &CycleMetrics{
+		CycleDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "adaptivelb_weight_cycle_duration_seconds",
+			Help:    "Duration of one weight cycle: metrics fetch, engine and the burst of writes.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		EstimatedPushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "adaptivelb_estimated_istiod_pushes_total",
+			Help: "istiod pushes the operator's weight writes cause, by istiod's debounce rule (PILOT_DEBOUNCE_AFTER/MAX).",
+		}),
+		LastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "adaptivelb_weight_cycle_last_success_timestamp_seconds",
+			Help: "Unix time of the last weight cycle that completed.",
+		}),
+		DeferredServices: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "adaptivelb_weight_writes_deferred",
+			Help: "Services whose weight write waits for the next cycle's budget.",
+		}),
+	}
+	m.CycleDuration = register(reg, m.CycleDuration)
+	m.EstimatedPushes = register(reg, m.EstimatedPushes)
+	m.LastSuccess = register(reg, m.LastSuccess)
+	m.DeferredServices = register(reg, m.DeferredServices)
+	return m
+}

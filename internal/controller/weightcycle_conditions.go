@@ -1,0 +1,76 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+)
+
+// conditions turns one target's cycle into its MetricsAvailable and WeightsApplied conditions.
+// Messages stay short (a few hundred bytes): the full errors go to events and the log.
+func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weightsCond metav1.Condition) {
+	h := d.health
+	metricsCond = metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonMetricsOK, Message: "metrics fetched for this Service's pods", ObservedGeneration: gen}
+	switch {
+	case h.pods > 0 && h.complete == 0:
+		reason := adlbv1.ReasonMetricsFailed
+		if h.stale == h.pods {
+			reason = adlbv1.ReasonMetricsStale
+		}
+		metricsCond.Status, metricsCond.Reason, metricsCond.Message = metav1.ConditionFalse, reason, h.outageSummary(d.settings.Algorithm)
+	case len(h.failed) > 0:
+		metricsCond.Status, metricsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonQueryFailed
+		metricsCond.Message = fmt.Sprintf("%s query failed for every pod: %s; the weights use the signals that work", signalList(h.failed), shorten(h.failure.Error(), 200))
+	case h.complete < h.pods:
+		metricsCond.Message = fmt.Sprintf("metrics fetched; %d of %d pods without usable metrics keep their weight", h.pods-h.complete, h.pods)
+		if h.stale > 0 {
+			metricsCond.Message += fmt.Sprintf(" (%d stale: newest sample %s old, limit %s; %s)", h.stale, h.age.Round(time.Second), h.threshold, staleHint)
+		}
+	}
+	if d.overridesIgnored {
+		const ignored = "spec.metrics.queries ignored: the operator runs without --allow-query-overrides, so the default queries are used"
+		if metricsCond.Status == metav1.ConditionTrue {
+			metricsCond.Reason, metricsCond.Message = adlbv1.ReasonQueryOverridesIgnored, ignored+"; "+metricsCond.Message
+		} else {
+			metricsCond.Message = shorten(metricsCond.Message, 400) + "; " + ignored
+		}
+	}
+	weightsCond = metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue, Reason: adlbv1.ReasonWeightsApplied, Message: o.Reason, ObservedGeneration: gen}
+	switch {
+	case d.writeErr != nil:
+		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonWriteFailed
+		weightsCond.Message = "the weight write failed; the ServiceEntry keeps its weights and the next cycle retries: " + shorten(d.writeErr.Error(), 200)
+	case o.Err != nil:
+		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonWriteFailed, shorten(o.Err.Error(), 300)
+	case o.Fallback:
+		weightsCond.Reason = adlbv1.ReasonFallback
+	case o.Action == cycle.ActionHold:
+		weightsCond.Message = fmt.Sprintf("last weights held while metrics are unavailable (for up to %s)", d.observed.HoldTime)
+	case o.Action == cycle.ActionDryRun:
+		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonDryRun, "mode is DryRun: "+o.Reason+" (not written)"
+	case o.Action == cycle.ActionDeferred:
+		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
+	}
+	weightsCond.Message = shorten(weightsCond.Message, 600)
+	if h.histogramFailure != nil && weightsCond.Status == metav1.ConditionTrue {
+		// Only in the message, and by reason rather than the full error (which can change every
+		// cycle): the weights are still applied, so Ready stays True and the status is not
+		// rewritten each cycle; the error itself is in the log and the query-error counter.
+		weightsCond.Message += fmt.Sprintf("; the latency-histogram query failed (%s): the weights are computed without latency histograms (adaptivelb_metrics_query_errors_total{signal=\"latencyHistogram\"}; the weight cycle's log has the error)",
+			metrics.Reason(h.histogramFailure))
+	}
+	return metricsCond, weightsCond
+}
+
+// shorten keeps a condition message bounded: the details belong in events and logs.
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,289 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// dueTarget is one AdaptiveLoadBalancer due this cycle, with what the engine needs.
+type dueTarget struct {
+	key      types.NamespacedName
+	alb      *adlbv1.AdaptiveLoadBalancer
+	se       *networkingv1.ServiceEntry
+	settings weights.Settings
+	interval time.Duration
+	queries  metrics.QueryTemplates
+	// overridesIgnored: the spec has query overrides and the operator does not allow them.
+	overridesIgnored bool
+	pods             map[string]*corev1.Pod // by IP
+	podOrder         []string               // IPs in ServiceEntry order
+	current          map[string]int         // weight by IP
+	peerGroup        map[string]string      // instance type by IP
+	nodeCPU          map[string]float64     // allocatable CPU of the pod's node by IP, when known
+	lastWrite        time.Time
+	// observed is what the engine was given this cycle, and health what the metrics were like.
+	observed cycle.Target
+	health   metricsHealth
+	// writeErr is the failure of this cycle's weight write.
+	writeErr error
+	// serviceRate is the Service's request rate this cycle: the sum of its pods' usable rates.
+	serviceRate float64
+	// peak is the highest of the Service's rates within peakRateWindow, for status.recentPeak;
+	// hasPeak is false when none was observed.
+	peak    rateObservation
+	hasPeak bool
+	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
+	// new endpoints up over it, so their early signals do not show their capacity.
+	warmup time.Duration
+}
+
+// idleTarget is an AdaptiveLoadBalancer the cycle does not weight because its mode is Frozen;
+// the cycle still owns its WeightsApplied condition.
+type idleTarget struct {
+	alb       *adlbv1.AdaptiveLoadBalancer
+	condition metav1.Condition
+}
+
+func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarget, []idleTarget, error) {
+	var list adlbv1.AdaptiveLoadBalancerList
+	if err := w.Client.List(ctx, &list); err != nil {
+		return nil, nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
+	}
+	w.forgetGone(list.Items)
+	var due []*dueTarget
+	var idle []idleTarget
+	present := make(map[types.NamespacedName]bool, len(list.Items))
+	for i := range list.Items {
+		present[client.ObjectKeyFromObject(&list.Items[i])] = true
+	}
+	w.Membership.Retain(present) // forgetGone above dropped the cycle's own state
+	nodes := map[string]nodeFacts{}
+	for i := range list.Items {
+		alb := &list.Items[i]
+		key := client.ObjectKeyFromObject(alb)
+		if !alb.DeletionTimestamp.IsZero() {
+			continue // its ServiceEntry is being deleted; a weight write must not race that
+		}
+		interval := 30 * time.Second
+		if alb.Spec.Interval != nil {
+			interval = alb.Spec.Interval.Duration
+		}
+		// Intervals are whole multiples of the tick, so every Service's cycle lands on a tick.
+		interval = time.Duration(math.Ceil(float64(interval)/float64(w.Tick))) * w.Tick
+		st := w.states[key]
+		if last, ok := w.lastRun[key]; ok && now.Sub(last) < interval && st.DeferredSince.IsZero() {
+			continue
+		}
+		c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored)
+		if c == nil || c.Status != metav1.ConditionTrue {
+			continue // nothing mirrored yet, or a condition the mirror reports
+		}
+		if alb.Spec.Mode == adlbv1.ModeFrozen {
+			idle = append(idle, idleTarget{alb: alb, condition: metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue,
+				Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: the weights in the ServiceEntry are kept as they are", ObservedGeneration: alb.Generation}})
+			// A later switch back to Active starts a new hold history.
+			delete(w.states, key)
+			continue
+		}
+		settings, err := EngineSettings(alb)
+		if err != nil {
+			continue // rejected at admission in practice; the mirror reports it
+		}
+		se := &networkingv1.ServiceEntry{}
+		if err := w.Client.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // the mirror has just deleted it, or is about to create it
+			}
+			return nil, nil, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+		}
+		if !metav1.IsControlledBy(se, alb) {
+			continue
+		}
+		warmup, err := w.warmupOf(ctx, alb)
+		if err != nil {
+			return nil, nil, err
+		}
+		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
+			current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}, warmup: warmup}
+		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
+			q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+			if w.AllowQueryOverrides {
+				d.queries = q
+			} else if q != (metrics.QueryTemplates{}) {
+				d.overridesIgnored = true
+			}
+		}
+		if alb.Status.LastWeightWrite != nil {
+			d.lastWrite = alb.Status.LastWeightWrite.Time
+		}
+		listed, err := w.slicePods(ctx, alb)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, e := range se.Spec.Endpoints {
+			d.podOrder = append(d.podOrder, e.Address)
+			d.current[e.Address] = int(e.Weight)
+			pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
+			if err != nil {
+				return nil, nil, err
+			}
+			if pod != nil {
+				d.pods[e.Address] = pod
+				facts, err := w.node(ctx, pod.Spec.NodeName, nodes)
+				if err != nil {
+					return nil, nil, err
+				}
+				if facts.instanceType != "" {
+					d.peerGroup[e.Address] = facts.instanceType
+				}
+				if facts.cpuCores > 0 {
+					d.nodeCPU[e.Address] = facts.cpuCores
+				}
+			}
+		}
+		due = append(due, d)
+	}
+	sort.Slice(due, func(i, j int) bool { return due[i].key.String() < due[j].key.String() })
+	return due, idle, nil
+}
+
+// nodeFacts is what the weight cycle reads of a node.
+type nodeFacts struct {
+	instanceType string
+	// cpuCores is the node's allocatable CPU; 0 when unknown.
+	cpuCores float64
+}
+
+// node returns the instance type and allocatable CPU of a node (from the trimmed cache),
+// memoised for the cycle in seen. A node that is gone gives no facts.
+func (w *WeightCycle) node(ctx context.Context, nodeName string, seen map[string]nodeFacts) (nodeFacts, error) {
+	if nodeName == "" {
+		return nodeFacts{}, nil
+	}
+	if f, ok := seen[nodeName]; ok {
+		return f, nil
+	}
+	node := &corev1.Node{}
+	if err := w.Client.Get(ctx, types.NamespacedName{Name: nodeName}, node, client.UnsafeDisableDeepCopy); err != nil && !apierrors.IsNotFound(err) {
+		return nodeFacts{}, fmt.Errorf("get Node %s: %w", nodeName, err)
+	}
+	f := nodeFacts{instanceType: node.Labels[InstanceTypeLabel]}
+	if cpu, ok := node.Status.Allocatable[corev1.ResourceCPU]; ok {
+		f.cpuCores = cpu.AsApproximateFloat64()
+	}
+	seen[nodeName] = f
+	return f, nil
+}
+
+// slicePods maps each address of the Service's EndpointSlices to the pod the slice names for it.
+func (w *WeightCycle) slicePods(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (map[string]string, error) {
+	var list discoveryv1.EndpointSliceList
+	if err := w.Client.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexSliceService: alb.Spec.TargetRef.Name}); err != nil {
+		return nil, fmt.Errorf("list EndpointSlices of Service %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	out := map[string]string{}
+	for _, s := range list.Items {
+		for _, ep := range s.Endpoints {
+			if ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" {
+				continue
+			}
+			for _, addr := range ep.Addresses {
+				out[addr] = ep.TargetRef.Name
+			}
+		}
+	}
+	return out, nil
+}
+
+// podOf finds the pod behind an endpoint address: the one the Service's EndpointSlice names, as
+// long as it still has that address; otherwise the only pod with that IP. Host-network pods
+// share their node's IP and are never candidates (the IP index leaves them out), and an IP
+// that two pods claim (one reused before the other's status caught up) gives no pod rather
+// than a guess: without a pod the endpoint just has no metrics this cycle.
+func (w *WeightCycle) podOf(ctx context.Context, namespace, ip, listed string) (*corev1.Pod, error) {
+	if listed != "" {
+		pod := &corev1.Pod{}
+		err := w.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: listed}, pod)
+		if err == nil && slices.Contains(endpointIPs(pod), ip) {
+			return pod, nil
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("get Pod %s/%s: %w", namespace, listed, err)
+		}
+	}
+	var pods corev1.PodList
+	if err := w.Client.List(ctx, &pods, client.InNamespace(namespace), client.MatchingFields{indexPodIP: ip}); err != nil {
+		return nil, fmt.Errorf("find the pod of %s: %w", ip, err)
+	}
+	if len(pods.Items) != 1 {
+		return nil, nil
+	}
+	return &pods.Items[0], nil
+}
+
+// forgetGone drops the cycle's state (hold timers, last run, status throttle) of every
+// AdaptiveLoadBalancer not in present or marked for deletion, so deleted ones cost no memory
+// and one re-created under the same name starts afresh. The cycle holds w.mu.
+func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
+	live := make(map[types.NamespacedName]bool, len(present))
+	for i := range present {
+		if present[i].DeletionTimestamp.IsZero() {
+			live[client.ObjectKeyFromObject(&present[i])] = true
+		}
+	}
+	dropGone(w.states, live)
+	dropGone(w.lastRun, live)
+	w.statusThrottle.retain(func(key types.NamespacedName) bool { return live[key] })
+	dropGone(w.writtenPeak, live)
+	dropGone(w.known, live)
+	dropGone(w.rateHistory, live)
+}
+
+// dropGone deletes the entries of AdaptiveLoadBalancers that are not live.
+func dropGone[V any](m map[types.NamespacedName]V, live map[types.NamespacedName]bool) {
+	maps.DeleteFunc(m, func(key types.NamespacedName, _ V) bool { return !live[key] })
+}
+
+// warmupOf returns the warm-up (slow start) duration a DestinationRule in the Service's namespace
+// sets for the Service's host, or 0.
+func (w *WeightCycle) warmupOf(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (time.Duration, error) {
+	var rules networkingv1.DestinationRuleList
+	if err := w.Client.List(ctx, &rules, client.InNamespace(alb.Namespace)); err != nil {
+		return 0, fmt.Errorf("list DestinationRules in %s: %w", alb.Namespace, err)
+	}
+	svc := alb.Spec.TargetRef.Name
+	for _, dr := range rules.Items {
+		h := dr.Spec.Host
+		if h != svc && h != svc+"."+alb.Namespace && !strings.HasPrefix(h, svc+"."+alb.Namespace+".svc") {
+			continue
+		}
+		lb := dr.Spec.GetTrafficPolicy().GetLoadBalancer()
+		if d := lb.GetWarmup().GetDuration(); d != nil {
+			return d.AsDuration(), nil
+		}
+		if d := lb.GetWarmupDurationSecs(); d != nil {
+			return d.AsDuration(), nil
+		}
+	}
+	return 0, nil
+}

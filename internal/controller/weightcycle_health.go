@@ -1,0 +1,207 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// metricsHealth sums up one target's metrics for its condition, its log lines and its events.
+type metricsHealth struct {
+	pods int
+	// complete counts the pods with every signal the algorithm needs, usable (present, finite
+	// and fresh). None at all is a metrics outage.
+	complete int
+	// stale counts the pods whose needed signals are all present, some of them too old; age
+	// is the youngest of their stale samples' ages and threshold the limit.
+	stale          int
+	age, threshold time.Duration
+	// failed lists the signals whose query failed for every pod (not a per-pod fault such as
+	// no series, NaN or a stale sample), and failure one of those errors.
+	failed  []metrics.Signal
+	failure error
+	// detail is every distinct error seen, for the log and the event; never in a condition.
+	detail []string
+	// rateObserved: some pod's request rate was usable, and serviceRate sums them.
+	rateObserved bool
+	// histogramFailure is the failure of the latency-histogram query, when it failed for the
+	// Service's pods: the engine does without the histograms.
+	histogramFailure error
+}
+
+// minMembershipShare is the share of the metrics window an endpoint must have spent in the
+// ServiceEntry for its signals to count; below it the endpoint is treated as without metrics.
+const minMembershipShare = 0.5
+
+// neededSignals are the signals the weight engine cannot do without: the CPU cost per request
+// needs both. Error rate and latency only refine it.
+var neededSignals = []metrics.Signal{metrics.SignalCPU, metrics.SignalRequestRate}
+
+// queryFailure reports whether a sample's error is the failure of its whole query rather than
+// a fault of one pod's data.
+func queryFailure(err error) bool {
+	// No series at all is not a failure of the query: a Service without latency histograms
+	// has no p99, and a missing needed signal is an outage anyway.
+	return err != nil && !errors.Is(err, metrics.ErrNoData) && !errors.Is(err, metrics.ErrStale) &&
+		!errors.Is(err, metrics.ErrNonFinite) && !errors.Is(err, metrics.ErrDuplicateSeries)
+}
+
+// target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A metrics
+// outage, for the hold/fallback policy, is "no pod has every signal the algorithm needs": one
+// missing signal (only the Istio series, or only CPU) is as much an outage as a TSDB down.
+func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool, membership *Membership) (cycle.Target, metricsHealth) {
+	t := cycle.Target{
+		Key:        d.key.String(),
+		Settings:   d.settings,
+		HoldTime:   time.Duration(holdIntervals) * d.interval,
+		DryRun:     d.alb.Spec.Mode == adlbv1.ModeDryRun,
+		PeerGroups: d.peerGroup,
+		Known:      known,
+	}
+	window := 2 * d.interval
+	t.WindowSeconds = window.Seconds()
+	t.WindowCoverage = 1
+	if !d.lastWrite.IsZero() {
+		t.WindowCoverage = math.Min(1, now.Sub(d.lastWrite).Seconds()/window.Seconds())
+	}
+	h := metricsHealth{threshold: 2 * d.interval}
+	seen := map[string]bool{}
+	note := func(err error) {
+		if err == nil {
+			return
+		}
+		if msg := err.Error(); !seen[msg] && len(h.detail) < 20 {
+			seen[msg] = true
+			h.detail = append(h.detail, msg)
+		}
+	}
+	signalOK := map[metrics.Signal]bool{}
+	var signalErr map[metrics.Signal]error
+	for _, ip := range d.podOrder {
+		ep := weights.Endpoint{ID: ip, CurrentWeight: d.current[ip]}
+		pod, ok := d.pods[ip]
+		if !ok {
+			t.Endpoints = append(t.Endpoints, ep)
+			continue
+		}
+		h.pods++
+		ep.CPULimitCores = cpuLimit(pod)
+		ep.NodeCPUCores = d.nodeCPU[ip]
+		warming := d.warmup > 0 && pod.Status.StartTime != nil && now.Sub(pod.Status.StartTime.Time) < d.warmup
+		o, found := res.observations[observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}]
+		if !found {
+			// The whole fetch failed (an invalid request, a freshness template that does not render).
+			failure := res.err
+			if failure == nil {
+				failure = errors.New("the metrics source returned nothing for this pod")
+			}
+			o = metrics.Observation{CPUCores: metrics.Sample{Err: failure}, RequestRate: metrics.Sample{Err: failure}, ErrorRate: metrics.Sample{Err: failure}, LatencyP99Seconds: metrics.Sample{Err: failure}}
+		}
+		for _, sig := range metrics.Signals {
+			sample := o.Sample(sig)
+			note(sample.Err)
+			if !queryFailure(sample.Err) {
+				signalOK[sig] = true
+			} else if signalErr == nil || signalErr[sig] == nil {
+				if signalErr == nil {
+					signalErr = map[metrics.Signal]error{}
+				}
+				signalErr[sig] = sample.Err
+			}
+		}
+		ep.CPUCores, ep.RequestRate = o.CPUCores.Value, o.RequestRate.Value
+		ep.LatencyBuckets = latencyBuckets(o.LatencyBuckets)
+		if queryFailure(o.LatencyBucketsErr) {
+			note(o.LatencyBucketsErr) // for the log; the engine does without the histogram
+			if h.histogramFailure == nil {
+				h.histogramFailure = o.LatencyBucketsErr
+			}
+		}
+		if o.RequestRate.Usable() {
+			// The whole window's rate, whatever the pod's time in the ServiceEntry: it is
+			// what the Service served.
+			d.serviceRate += o.RequestRate.Value
+			h.rateObserved = true
+		}
+		ep.ErrorRate, ep.LatencyP99Seconds = o.ErrorRate.Value, o.LatencyP99Seconds.Value
+		complete, stale := true, false
+		for _, sig := range neededSignals {
+			sample := o.Sample(sig)
+			if sample.Usable() {
+				continue
+			}
+			complete = false
+			var se *metrics.StaleError
+			if sample.Present && errors.As(sample.Err, &se) {
+				stale = true
+				if !se.Unknown && (h.age == 0 || se.Age < h.age) {
+					h.age = se.Age
+				}
+			} else {
+				stale = false
+				break
+			}
+		}
+		if complete {
+			h.complete++
+		} else if stale {
+			h.stale++
+		}
+		// Only the time in the ServiceEntry counts: a pod out of it for part of the window
+		// (readiness flapping, just joined) served nothing then, which is no sign of spare
+		// capacity. Its rates are taken over its time in; too little time in says too little.
+		inWindow := membership.Share(d.key, ip, now.Add(-window), now)
+		if inWindow < 1 && inWindow >= minMembershipShare {
+			ep.CPUCores, ep.RequestRate, ep.ErrorRate = ep.CPUCores/inWindow, ep.RequestRate/inWindow, ep.ErrorRate/inWindow
+		}
+		// A pod still in its DestinationRule warm-up keeps its weight: Envoy is ramping its
+		// traffic up, so its signals say nothing about its capacity yet.
+		ep.HasMetrics = complete && !warming && inWindow >= minMembershipShare
+		t.Endpoints = append(t.Endpoints, ep)
+	}
+	for _, sig := range metrics.Signals {
+		if h.pods > 0 && !signalOK[sig] {
+			h.failed = append(h.failed, sig)
+			if h.failure == nil {
+				h.failure = signalErr[sig]
+			}
+		}
+	}
+	if h.complete == 0 && h.pods > 0 {
+		t.MetricsErr = errors.New(h.outageSummary(d.settings.Algorithm))
+	}
+	return t, h
+}
+
+// outageSummary says in one short line why no pod has usable metrics; the full errors go to
+// the log and an event.
+func (h metricsHealth) outageSummary(alg weights.Algorithm) string {
+	needed := fmt.Sprintf("no pod has every signal the %s algorithm needs (%s)", alg, signalList(neededSignals))
+	switch {
+	case h.stale == h.pods:
+		return fmt.Sprintf("%s: every pod's newest sample is too old (%s, limit %s = 2× interval); %s", needed, h.age.Round(time.Second), h.threshold, staleHint)
+	case len(h.failed) > 0:
+		return fmt.Sprintf("%s: %s query failed: %s", needed, signalList(h.failed), shorten(h.failure.Error(), 160))
+	}
+	return needed + ": " + shorten(strings.Join(h.detail, "; "), 200)
+}
+
+// staleHint says what to change when samples arrive too old.
+const staleHint = "the TSDB may answer in the past (VictoriaMetrics: -search.latencyOffset, default 30s): lower it or raise spec.interval; see docs/metrics.md"
+
+func signalList(sigs []metrics.Signal) string {
+	names := make([]string, len(sigs))
+	for i, s := range sigs {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ", ")
+}

@@ -1,0 +1,72 @@
+package controller
+
+import (
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+)
+
+// seedState rebuilds the planner's state from an AdaptiveLoadBalancer's status, for a target
+// this process has not planned yet. Metrics that were good when the previous leader last wrote
+// the status are taken as good until now (the hold period then starts at the first failure); a
+// hold in progress continues from when it began; a fallback stays a fallback.
+func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Duration) cycle.State {
+	var st cycle.State
+	if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionWeightsApplied); c != nil && c.Reason == adlbv1.ReasonFallback {
+		st.FallenBack = true
+		return st
+	}
+	m := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable)
+	switch {
+	case m == nil:
+	case m.Status == metav1.ConditionTrue || m.Reason == adlbv1.ReasonQueryFailed:
+		// QueryFailed: an optional signal failed, the ones the engine needs were good.
+		st.LastGoodMetrics = now
+	case m.Reason == adlbv1.ReasonMetricsFailed || m.Reason == adlbv1.ReasonMetricsStale:
+		// The condition turned False at the first failed cycle, one interval after the last good one.
+		st.LastGoodMetrics = m.LastTransitionTime.Add(-interval)
+	}
+	return st
+}
+
+// evaluate turns each due target's gathered facts and fetched metrics into the planner's input
+// (d.observed), with the health of its metrics and the Service's recent peak rate.
+func (w *WeightCycle) evaluate(start time.Time, due []*dueTarget, batches map[time.Duration]fetchResult, report *CycleReport) {
+	for _, d := range due {
+		// Weights the mirror re-planned when endpoints left count as a write for the coverage.
+		if at := w.Membership.LastReplan(d.key); at.After(d.lastWrite) {
+			d.lastWrite = at
+		}
+		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
+		if _, planned := w.states[d.key]; !planned {
+			// A new leader, or the first cycle: continue from the peak the status recorded.
+			w.seedPeak(d.key, d.alb, start)
+		}
+		d.observed.RecentPeakRequestRate = w.recentPeak(d.key, start, d.serviceRate, d.health.rateObserved)
+		d.peak, d.hasPeak = w.peakObservation(d.key)
+		report.Inputs[d.key] = d.observed
+	}
+}
+
+// plan runs the planner over the due targets. It returns one outcome per target (in due's
+// order), the states the planner started from and the ones it decided, by target key.
+func (w *WeightCycle) plan(start time.Time, due []*dueTarget) ([]cycle.Outcome, map[string]cycle.State, map[string]cycle.State) {
+	targets := make([]cycle.Target, 0, len(due))
+	prev := map[string]cycle.State{}
+	for _, d := range due {
+		targets = append(targets, d.observed)
+		st, ok := w.states[d.key]
+		if !ok {
+			// A new leader, or the first cycle: continue the previous leader's hold period
+			// from what its status says, instead of resetting the weights at the first failure.
+			st = seedState(d.alb, start, d.interval)
+		}
+		prev[d.key.String()] = st
+	}
+	outcomes, next := cycle.Plan(start, targets, prev, w.Budget)
+	return outcomes, prev, next
+}

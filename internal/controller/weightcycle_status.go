@@ -1,0 +1,174 @@
+package controller
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// writeStatus publishes the cycle's outcome: conditions, per-endpoint weights and reasons,
+// events and log lines. It writes only the weight cycle's part of the status, under an
+// optimistic lock (status.go).
+func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Outcome, now time.Time) error {
+	alb := &adlbv1.AdaptiveLoadBalancer{}
+	if err := w.Client.Get(ctx, d.key, alb); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	applied := d.writeErr == nil && o.Action == cycle.ActionWrite
+	if applied || (o.Action == cycle.ActionDryRun && d.writeErr == nil) {
+		ws, pods := map[string]int{}, map[string]string{}
+		for _, r := range o.Decision.Endpoints {
+			ws[r.ID] = r.Weight
+			if p, ok := d.pods[r.ID]; ok {
+				pods[r.ID] = p.Name
+			}
+		}
+		w.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+	}
+	var oldMetrics, metricsCond, weightsCond metav1.Condition
+	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		// The mirror may have deleted the ServiceEntry since this cycle read it (the Service
+		// became unsupported, say): WeightsApplied is then the mirror's NoServiceEntry, and a
+		// report on weights of a ServiceEntry that is gone would contradict it.
+		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || c.Status != metav1.ConditionTrue {
+			return false
+		}
+		before := alb.Status.DeepCopy()
+		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionMetricsAvailable); c != nil {
+			oldMetrics = *c
+		}
+		metricsCond, weightsCond = d.conditions(o, alb.Generation)
+		meta.SetStatusCondition(&alb.Status.Conditions, metricsCond)
+		meta.SetStatusCondition(&alb.Status.Conditions, weightsCond)
+		if d.writeErr == nil {
+			d.setEndpoints(&alb.Status, o, now)
+		}
+		if applied {
+			t := metav1.NewTime(now)
+			alb.Status.LastWeightWrite = &t
+		}
+		if p := recentPeakStatus(d.peak, d.hasPeak); p != nil {
+			alb.Status.RecentPeak = p
+		}
+		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
+		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
+	}
+	_, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate)
+	w.tell(ctx, alb, d, o, oldMetrics, metricsCond)
+	return err
+}
+
+// setEndpoints writes the cycle's part of each endpoint's status: its reason and signals, and
+// its weight when it was written (or, in DryRun, would be).
+func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cycle.Outcome, now time.Time) {
+	reasons := map[string]weights.Result{}
+	for _, r := range o.Decision.Endpoints {
+		reasons[r.ID] = r
+	}
+	signals := map[string]weights.Endpoint{}
+	for _, e := range d.observed.Endpoints {
+		if e.HasMetrics {
+			signals[e.ID] = e
+		}
+	}
+	nowT := metav1.NewTime(now)
+	for i := range status.Endpoints {
+		e := &status.Endpoints[i]
+		r, ok := reasons[e.IP]
+		if !ok {
+			continue
+		}
+		e.Reason = r.Reason
+		e.CPUCores, e.RequestRate = "", ""
+		if sig, ok := signals[e.IP]; ok {
+			e.CPUCores = adlbv1.Decimal(strconv.FormatFloat(sig.CPUCores, 'f', 3, 64))
+			e.RequestRate = adlbv1.Decimal(strconv.FormatFloat(sig.RequestRate, 'f', 1, 64))
+		}
+		if (o.Action == cycle.ActionWrite || o.Action == cycle.ActionDryRun) && int32(r.Weight) != e.Weight {
+			e.Weight = int32(r.Weight)
+			e.LastChange = &nowT
+		}
+	}
+}
+
+// writeIdleStatus sets the WeightsApplied condition of a Frozen AdaptiveLoadBalancer; it writes
+// only when the condition changes.
+func (w *WeightCycle) writeIdleStatus(ctx context.Context, t idleTarget) {
+	alb := t.alb.DeepCopy()
+	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		c := t.condition
+		c.ObservedGeneration = alb.Generation
+		return meta.SetStatusCondition(&alb.Status.Conditions, c)
+	}
+	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
+		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", client.ObjectKeyFromObject(alb))
+	}
+}
+
+// statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
+// request rate: they change every cycle, and at 10,000 AdaptiveLoadBalancers on a 30 s interval
+// writing them each time would cost the API server 333 patches per second for numbers nothing
+// acts on.
+const statusSignalsInterval = 5 * time.Minute
+
+// skipStatusWrite reports whether a status write can be left out: nothing changed, or only the
+// per-endpoint signals did and they were written less than statusSignalsInterval ago. It records
+// the time of every write it lets through. The cycle calls it with w.mu held.
+func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *adlbv1.AdaptiveLoadBalancerStatus, now time.Time) bool {
+	if apiequality.Semantic.DeepEqual(before, after) {
+		return true
+	}
+	if w.writtenPeak == nil {
+		w.writtenPeak = map[types.NamespacedName]*adlbv1.RecentPeak{}
+	}
+	if w.statusThrottle.wait(key, now, statusSignalsInterval) > 0 && signalsOnly(w.withWrittenPeak(key, before), after) {
+		return true
+	}
+	w.statusThrottle.wrote(key, now)
+	if after.RecentPeak != nil {
+		w.writtenPeak[key] = after.RecentPeak.DeepCopy()
+	}
+	return false
+}
+
+// withWrittenPeak is the status as the cycle last wrote it as far as recentPeak goes: when the
+// API server returned none (it prunes the field under a CRD that lacks it), the one written.
+func (w *WeightCycle) withWrittenPeak(key types.NamespacedName, status *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
+	written, ok := w.writtenPeak[key]
+	if status.RecentPeak != nil || !ok {
+		return status
+	}
+	c := status.DeepCopy()
+	c.RecentPeak = written
+	return c
+}
+
+// signalsOnly reports whether two statuses differ in the endpoints' CPU and request rate alone,
+// and in a recent peak that did not rise by more than peakRewriteFactor: a new leader seeding
+// from a peak a little below the true one plans almost as cautiously, and a peak that fell is
+// on the safe side, so neither is worth a status write of its own every cycle.
+func signalsOnly(a, b *adlbv1.AdaptiveLoadBalancerStatus) bool {
+	strip := func(s *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
+		c := s.DeepCopy()
+		for i := range c.Endpoints {
+			c.Endpoints[i].CPUCores, c.Endpoints[i].RequestRate = "", ""
+		}
+		return c
+	}
+	sa, sb := strip(a), strip(b)
+	if minorPeakChange(a.RecentPeak, b.RecentPeak) {
+		sa.RecentPeak, sb.RecentPeak = nil, nil
+	}
+	return apiequality.Semantic.DeepEqual(sa, sb)
+}

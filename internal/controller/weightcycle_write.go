@@ -1,0 +1,123 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
+)
+
+// writeWeights patches only the weights of the ServiceEntry's current endpoints; an endpoint the
+// mirror added or removed meanwhile is left to the mirror.
+// errSupersededByReplan: the mirror re-planned the weights for a newer membership since the
+// cycle read the ServiceEntry; the cycle's decision counts endpoints that left.
+var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weights since this cycle planned")
+
+// writeWeights writes decision's weights. With yieldToReplan, it writes nothing and returns
+// errSupersededByReplan when the mirror has re-planned key's weights since ReplanSeq gave
+// replanSeq: checked after reading the version to patch, so that a re-plan written after the
+// check makes the patch conflict instead of being overwritten.
+func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool, replanSeq uint64) error {
+	next := decision.Weights()
+	key := client.ObjectKeyFromObject(d.se)
+	cached := &networkingv1.ServiceEntry{}
+	if err := w.Client.Get(ctx, key, cached); err != nil {
+		return fmt.Errorf("get ServiceEntry %s/%s: %w", d.se.Namespace, d.se.Name, err)
+	}
+	if w.Versions == nil { // the cycle holds w.mu here
+		w.Versions = &ServiceEntryVersions{}
+	}
+	se := w.Versions.newest(key, cached)
+	if yieldToReplan && w.Membership.ReplannedSince(d.key, replanSeq) {
+		return errSupersededByReplan
+	}
+	base := se.DeepCopy()
+	changed := false
+	for _, e := range se.Spec.Endpoints {
+		if wgt, ok := next[e.Address]; ok && uint32(wgt) != e.Weight {
+			e.Weight = uint32(wgt)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	istio.LimitWeightSum(se.Spec.Endpoints)
+	// Optimistic lock: a membership write may have landed since the read; then the mirror's
+	// version wins and the next cycle retries.
+	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			w.Versions.forget(key) // someone else wrote since: the next cycle starts from the cache
+		}
+		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
+	}
+	w.Versions.remember(se)
+	w.Membership.Weighted(d.key, next)
+	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
+	return nil
+}
+
+// writeBurst carries out the plan: it records each target's new state and writes the weights
+// of every target whose outcome is a write, in one tight burst: back to back, well inside one
+// istiod debounce window, then the operator is quiet until the next cycle. An outcome whose
+// write was superseded by the mirror's re-plan, or failed, is amended in place. It returns how
+// many targets the budget deferred.
+func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*dueTarget, outcomes []cycle.Outcome, prev, next map[string]cycle.State, replanSeq uint64, report *CycleReport) int {
+	deferred := 0
+	for i, d := range due {
+		o := &outcomes[i]
+		if o.Err == nil {
+			// The mirror re-plans from these when endpoints leave before the next cycle.
+			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed)
+		}
+		w.states[d.key] = next[d.key.String()]
+		if o.Action != cycle.ActionDeferred {
+			w.lastRun[d.key] = start
+		} else {
+			deferred++
+		}
+		if o.Action == cycle.ActionWrite {
+			// A fallback to equal weights is written whatever the mirror re-planned.
+			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback, replanSeq)
+			if errors.Is(err, errSupersededByReplan) {
+				o.Action = cycle.ActionNone
+				o.Reason = "endpoints left while this cycle planned: the weights the mirror re-planned for the endpoints that stay are kept until the next cycle"
+			} else if err != nil {
+				// Nothing was applied: the status must say so and keep the weights and the
+				// lastWeightWrite the ServiceEntry really has.
+				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
+				d.writeErr = err
+				// A fallback not written has not begun: its event comes with the write that lands.
+				st := w.states[d.key]
+				st.FallenBack = prev[d.key.String()].FallenBack
+				w.states[d.key] = st
+			} else {
+				// Push estimates need when the writes really reached the API server, not the cycle's clock.
+				at := time.Now()
+				report.Writes = append(report.Writes, at)
+				report.Written = append(report.Written, d.key)
+				report.Pushes += len(w.debouncer.Observe(at))
+			}
+		}
+		if d.health.complete > 0 {
+			if w.known[d.key] == nil {
+				w.known[d.key] = map[string]bool{}
+			}
+			for _, e := range d.observed.Endpoints {
+				if e.HasMetrics {
+					w.known[d.key][e.ID] = true
+				}
+			}
+		}
+		report.Outcomes[d.key] = *o
+	}
+	return deferred
+}
