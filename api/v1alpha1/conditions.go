@@ -73,4 +73,8 @@ const (
 	ReasonPending = "Pending"
 	// ReasonFrozen: mode is Frozen; the weights in the ServiceEntry are kept as they are.
 	ReasonFrozen = "Frozen"
+	// ReasonInputsUnavailable: the weight cycle could not read what it needs of this Service
+	// (its ServiceEntry, EndpointSlices, pods or nodes) in time; the weights are left as they
+	// are, the other Services' cycles go on, and the next cycle retries.
+	ReasonInputsUnavailable = "InputsUnavailable"
 )

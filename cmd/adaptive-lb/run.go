@@ -65,6 +65,7 @@ type runOptions struct {
 	writeBudget              int
 	holdIntervals            int
 	staleServiceEntryTimeout time.Duration
+	cycleTimeout             time.Duration
 	endpointWeightMetrics    bool
 	allowQueryOverrides      bool
 	watchNamespaces          []string
@@ -113,6 +114,7 @@ func newRunCmd() *cobra.Command {
 	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
 	f.DurationVar(&o.staleServiceEntryTimeout, "stale-serviceentry-timeout", controller.DefaultStaleServiceEntryTimeout, "how long mirroring a Service may keep failing (its ServiceEntry write refused, its pods or nodes unreadable) before its ServiceEntry, which no longer follows the endpoints, is deleted so that clients use the Kubernetes endpoints; re-created once a mirror succeeds")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
+	f.DurationVar(&o.cycleTimeout, "cycle-timeout", controller.DefaultCycleTimeout, "how long one weight cycle may take (reading the cluster, the metrics fetch and the burst of writes); writes it leaves out go to the next cycle, and every Service's status is still written")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
 	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
@@ -140,6 +142,9 @@ func (o *runOptions) validate() error {
 	}
 	if o.cycleTick < time.Second || o.writeBudget < 0 || o.holdIntervals < 1 {
 		return newUsageError("--cycle-tick must be at least 1s, --write-budget at least 0 and --hold-intervals at least 1")
+	}
+	if o.cycleTimeout < o.cycleTick {
+		return newUsageError("--cycle-timeout %v must be at least --cycle-tick %v: shorter, a cycle could never finish its writes", o.cycleTimeout, o.cycleTick)
 	}
 	if o.source.url != "" {
 		cfg, err := o.source.config()
@@ -393,11 +398,21 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if shared.source == nil {
 		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
 	} else {
+		// DestinationRules are watched from here on, through an informer nothing waits for: where
+		// they cannot be read, weights are planned without their warm-ups.
+		warmups, err := controller.NewWarmupSource(cfg, scheme, mapper, o.watchNamespaces...)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(warmups); err != nil {
+			return fmt.Errorf("add the DestinationRule informer: %w", err)
+		}
 		loop := &controller.WeightCycle{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
 			Versions: versions, Membership: membership, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
+			Warmups: warmups, Timeout: o.cycleTimeout,
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -36,7 +35,6 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
-	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 // Labels the operator puts on the ServiceEntries it owns.
@@ -330,21 +328,24 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 		}
 		log.FromContext(ctx).Info("weights re-planned for the endpoints that stay", "endpoints", len(endpoints))
 	}
+	want := desiredServiceEntry{spec: spec, applied: appliedOf(endpoints)}
+	if replanned != nil {
+		want.replannedAt = plannedAt
+	}
 	if existing != nil && cached != nil && existing.ResourceVersion != cached.ResourceVersion &&
-		r.upToDate(existing, spec) && !r.upToDate(cached, spec) {
+		r.upToDate(existing, want) && !r.upToDate(cached, want) {
 		return mirrorOutcome{}, errStaleView
 	}
+	if err := r.apply(ctx, alb, existing, want, WriteReasonEndpoints); err != nil {
+		return mirrorOutcome{}, err
+	}
 	if replanned != nil {
-		// Before the write: a weight cycle that planned for the old membership and writes after
-		// this point must see it and keep these weights.
+		// Only once the write has landed: the status names these weights as re-planned.
 		byIP := make(map[string]uint32, len(endpoints))
 		for _, e := range endpoints {
 			byIP[e.IP] = e.Weight
 		}
-		r.Membership.Replanned(client.ObjectKeyFromObject(alb), plannedAt, byIP)
-	}
-	if err := r.apply(ctx, alb, existing, spec, WriteReasonEndpoints); err != nil {
-		return mirrorOutcome{}, err
+		r.Membership.Replanned(client.ObjectKeyFromObject(alb), byIP)
 	}
 	return mirrorOutcome{
 		status: metav1.ConditionTrue,
@@ -357,11 +358,30 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 	}, nil
 }
 
-// upToDate reports whether the ServiceEntry already has the desired spec and is marked as ours,
-// and not as another installation's (installLabelCurrent).
-func (r *AdaptiveLoadBalancerReconciler) upToDate(se *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry) bool {
-	return proto.Equal(&se.Spec, spec) && se.Labels[ManagedByLabel] == ManagedByValue &&
-		installLabelCurrent(se.Labels, r.InstallID)
+// desiredServiceEntry is what the mirror writes: the spec, and the operator's record of the
+// weights it applied (applied.go).
+type desiredServiceEntry struct {
+	spec    *apinetworkingv1.ServiceEntry
+	applied appliedWeights
+	// replannedAt, when set, is the time of the re-plan this write carries; otherwise the
+	// ServiceEntry keeps the time of its last re-plan.
+	replannedAt time.Time
+}
+
+// upToDate reports whether the ServiceEntry already has the desired spec and record, and is
+// marked as ours, and not as another installation's (installLabelCurrent).
+func (r *AdaptiveLoadBalancerReconciler) upToDate(se *networkingv1.ServiceEntry, want desiredServiceEntry) bool {
+	return proto.Equal(&se.Spec, want.spec) && se.Labels[ManagedByLabel] == ManagedByValue &&
+		installLabelCurrent(se.Labels, r.InstallID) && recordCurrent(se, want.applied) &&
+		(want.replannedAt.IsZero() || replannedAt(se).Equal(want.replannedAt))
+}
+
+// stampRecord writes want's record into se's annotations.
+func stampRecord(se *networkingv1.ServiceEntry, want desiredServiceEntry) {
+	setAnnotation(se, AppliedWeightsAnnotation, want.applied.String())
+	if !want.replannedAt.IsZero() {
+		setAnnotation(se, ReplannedAtAnnotation, formatReplannedAt(want.replannedAt))
+	}
 }
 
 // installLabelCurrent reports whether labels need no write for the installation label alone.
@@ -468,116 +488,14 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 		return r.Membership.RecentWeight(client.ObjectKeyFromObject(alb), ip, pod)
 	}
 	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes, recent)
+	in.ReservedBytes = recordBytes(in.Pods)
 	return in, nil
 }
 
-// InstanceTypeLabel is the well-known node label naming the machine type a pod runs on.
-const InstanceTypeLabel = "node.kubernetes.io/instance-type"
-
-// currentWeights keeps the weights the ServiceEntry already carries: the ServiceEntry is the
-// record of the applied weights, so a membership change never undoes a weight cycle. A new pod
-// gets the median weight of the pods already weighted on nodes of its instance type (the same
-// hardware serves at the same speed; a pod replaced in a rolling restart thus starts near its
-// predecessor's weight instead of overloading a slow machine for a window), or the median of all
-// current weights when it has no such peer. A pod that left the ServiceEntry moments ago (its
-// readiness flapped) returns at the weight it had (recent, may be nil). In DryRun, and before
-// any weight cycle, all weights are equal.
-func currentWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, pods map[string]*corev1.Pod, nodes map[string]*corev1.Node,
-	recent func(ip, pod string) (uint32, bool)) (map[string]uint32, uint32) {
-	equal := uint32(EqualWeight(alb))
-	if existing == nil || alb.Spec.Mode == adlbv1.ModeDryRun {
-		return nil, equal
-	}
-	byIP := map[string]uint32{}
-	var all []uint32
-	for _, e := range existing.Spec.Endpoints {
-		if e.Weight > 0 {
-			byIP[e.Address] = e.Weight
-			all = append(all, e.Weight)
-		}
-	}
-	if len(all) == 0 {
-		return nil, equal
-	}
-	instanceType := func(pod *corev1.Pod) string {
-		if node := nodes[pod.Spec.NodeName]; node != nil {
-			return node.Labels[InstanceTypeLabel]
-		}
-		return ""
-	}
-	out := map[string]uint32{}
-	byType := map[string][]uint32{}
-	for name, pod := range pods {
-		for _, ip := range podIPs(pod) {
-			if w, ok := byIP[ip]; ok {
-				out[name] = w
-				if t := instanceType(pod); t != "" {
-					byType[t] = append(byType[t], w)
-				}
-			}
-		}
-	}
-	for name, pod := range pods {
-		if _, weighted := out[name]; weighted || recent == nil {
-			continue
-		}
-		for _, ip := range podIPs(pod) {
-			if w, ok := recent(ip, name); ok {
-				out[name] = w
-			}
-		}
-	}
-	for name, pod := range pods {
-		if _, weighted := out[name]; weighted {
-			continue
-		}
-		if peers := byType[instanceType(pod)]; instanceType(pod) != "" && len(peers) > 0 {
-			out[name] = medianWeight(peers)
-		}
-	}
-	return out, medianWeight(all)
-}
-
-func medianWeight(ws []uint32) uint32 {
-	sorted := slices.Clone(ws)
-	slices.Sort(sorted)
-	return sorted[len(sorted)/2]
-}
-
-// endpointIPs are the addresses at which an endpoint is known to be pod's own: its pod IPs, and
-// none for a host-network pod, whose IP is its node's, shared with every other host-network pod
-// there. The pod-IP index and the weight cycle's search for an endpoint's pod both use it.
-func endpointIPs(pod *corev1.Pod) []string {
-	if pod.Spec.HostNetwork {
-		return nil
-	}
-	return podIPs(pod)
-}
-
-// podIPs are pod's IPs: status.podIPs, or status.podIP when only it is set.
-func podIPs(pod *corev1.Pod) []string {
-	var ips []string
-	for _, ip := range pod.Status.PodIPs {
-		ips = append(ips, ip.IP)
-	}
-	if len(ips) == 0 && pod.Status.PodIP != "" {
-		ips = append(ips, pod.Status.PodIP)
-	}
-	return ips
-}
-
-// EqualWeight is the weight every endpoint gets when weights are equal, for the spec's algorithm.
-func EqualWeight(alb *adlbv1.AdaptiveLoadBalancer) int {
-	s, err := EngineSettings(alb)
-	if err != nil {
-		s = weights.DefaultSettings(weights.AlgorithmTail)
-	}
-	return s.EqualWeight()
-}
-
-// apply creates or updates the ServiceEntry when, and only when, the desired spec differs.
-func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, spec *apinetworkingv1.ServiceEntry, reason string) error {
-	name := alb.Spec.TargetRef.Name
+// apply creates or updates the ServiceEntry when, and only when, the desired spec or record
+// differs.
+func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, want desiredServiceEntry, reason string) error {
+	name, spec := alb.Spec.TargetRef.Name, want.spec
 	if existing == nil {
 		se := &networkingv1.ServiceEntry{
 			ObjectMeta: metav1.ObjectMeta{
@@ -586,6 +504,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 			},
 		}
 		r.stampLabels(se, alb)
+		stampRecord(se, want)
 		proto.Merge(&se.Spec, spec)
 		if err := controllerutil.SetControllerReference(alb, se, r.Scheme); err != nil {
 			return fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
@@ -599,7 +518,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		log.FromContext(ctx).Info("ServiceEntry created", "serviceEntry", client.ObjectKeyFromObject(se), "endpoints", len(spec.Endpoints), "writeReason", reason)
 		return nil
 	}
-	if r.upToDate(existing, spec) {
+	if r.upToDate(existing, want) {
 		return nil
 	}
 	// An update based on the newest known version (see serviceEntryVersions): it conflicts only
@@ -608,6 +527,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	updated.Spec.Reset()
 	proto.Merge(&updated.Spec, spec)
 	r.stampLabels(updated, alb)
+	stampRecord(updated, want)
 	if err := r.Update(ctx, updated); err != nil {
 		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}

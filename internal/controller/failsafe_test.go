@@ -330,11 +330,11 @@ func TestWeightCycle_FindsThePodTheSliceNamesForAnIP(t *testing.T) {
 	w := &WeightCycle{Client: operatorClient, Tick: 5 * time.Second}
 	key := types.NamespacedName{Namespace: f.ns, Name: "web"}
 	f.eventually("pods found by the cycle", func() error {
-		due, _, err := w.dueTargets(f.ctx, time.Now())
+		g, err := w.dueTargets(f.ctx, time.Now())
 		if err != nil {
 			return err
 		}
-		for _, d := range due {
+		for _, d := range g.due {
 			if d.key != key {
 				continue
 			}

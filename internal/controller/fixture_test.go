@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 var nsCounter atomic.Int64
@@ -238,3 +239,23 @@ func (f *fixture) waitForCondition(alb, condType string, status metav1.Condition
 }
 
 var errNotYet = fmt.Errorf("not yet")
+
+// writeWeightsAsTheCycle writes weights (by address) into the ServiceEntry of AdaptiveLoadBalancer
+// alb as the weight cycle does: through its write, which records them as the operator's.
+// podAt names the pod at each address, as the Service's EndpointSlices do.
+func (f *fixture) writeWeightsAsTheCycle(alb string, byIP map[string]int, podAt map[string]string) {
+	f.t.Helper()
+	se, err := f.serviceEntry(alb)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	w := &WeightCycle{Client: operatorClient, Versions: sharedVersions, Metrics: testMetrics}
+	d := &dueTarget{key: types.NamespacedName{Namespace: f.ns, Name: alb}, se: se, replannedAt: replannedAt(se), slicePod: podAt}
+	var decision weights.Decision
+	for ip, weight := range byIP {
+		decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})
+	}
+	if err := w.writeWeights(f.ctx, d, decision, false); err != nil {
+		f.t.Fatal(err)
+	}
+}

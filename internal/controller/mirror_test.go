@@ -208,24 +208,42 @@ func TestMirror_RevertsAForeignEditAndKeepsWeights(t *testing.T) {
 		return nil
 	})
 
-	// A weight written by the weight cycle survives a membership change, and a new pod gets the
-	// median of the current weights.
-	se, _ = f.serviceEntry("web")
-	se.Spec.Endpoints[0].Weight = 300
-	se.Spec.Endpoints[1].Weight = 50
-	if err := k8s.Update(f.ctx, se); err != nil {
-		t.Fatal(err)
-	}
+	// Weights the weight cycle writes survive a membership change, and a new pod gets the median
+	// of the applied weights.
+	f.writeWeightsAsTheCycle("web", map[string]int{"10.5.0.1": 300, "10.5.0.2": 50}, map[string]string{"10.5.0.1": "web-1", "10.5.0.2": "web-2"})
 	f.pod("web", "web-3", "10.5.0.3")
 	f.slice("web", "web-x", ready("web-1", "10.5.0.1"), ready("web-2", "10.5.0.2"), ready("web-3", "10.5.0.3"))
 	se = f.waitForAddresses("web", "10.5.0.1", "10.5.0.2", "10.5.0.3")
-	weights := map[string]uint32{}
+	weightsOf := func(se *networkingv1.ServiceEntry) map[string]uint32 {
+		out := map[string]uint32{}
+		for _, e := range se.Spec.Endpoints {
+			out[e.Address] = e.Weight
+		}
+		return out
+	}
+	if w := weightsOf(se); w["10.5.0.1"] != 300 || w["10.5.0.2"] != 50 || w["10.5.0.3"] != 300 {
+		t.Fatalf("weights %v: want the applied 300 and 50 kept and the new pod at their median 300", w)
+	}
+
+	// A weight someone else edits is not the operator's: it is put back.
 	for _, e := range se.Spec.Endpoints {
-		weights[e.Address] = e.Weight
+		if e.Address == "10.5.0.2" {
+			e.Weight = 999
+		}
 	}
-	if weights["10.5.0.1"] != 300 || weights["10.5.0.2"] != 50 || weights["10.5.0.3"] != 300 {
-		t.Fatalf("weights %v: want the existing 300 and 50 kept and the new pod at the median 300", weights)
+	if err := k8s.Update(f.ctx, se); err != nil {
+		t.Fatal(err)
 	}
+	f.eventually("the foreign weight is reverted", func() error {
+		got, err := f.serviceEntry("web")
+		if err != nil {
+			return err
+		}
+		if w := weightsOf(got); w["10.5.0.2"] != 50 {
+			return fmt.Errorf("weights %v", w)
+		}
+		return nil
+	})
 }
 
 func TestMirror_ConditionsInsteadOfCrashes(t *testing.T) {
@@ -385,21 +403,17 @@ func TestMirror_NewPodStartsAtItsInstanceTypesWeight(t *testing.T) {
 	f.pod("web", "web-3", "10.6.0.3", on("fast"))
 	f.slice("web", "web-x", ready("web-1", "10.6.0.1"), ready("web-2", "10.6.0.2"), ready("web-3", "10.6.0.3"))
 	f.alb("web", "web")
-	se := f.waitForAddresses("web", "10.6.0.1", "10.6.0.2", "10.6.0.3")
+	f.waitForAddresses("web", "10.6.0.1", "10.6.0.2", "10.6.0.3")
 
-	// As a weight cycle would leave it: the fast machines at 300, the slow one at 40.
-	for _, e := range se.Spec.Endpoints {
-		e.Weight = map[string]uint32{"10.6.0.1": 300, "10.6.0.2": 40, "10.6.0.3": 300}[e.Address]
-	}
-	if err := k8s.Update(f.ctx, se); err != nil {
-		t.Fatal(err)
-	}
+	// As a weight cycle leaves it: the fast machines at 300, the slow one at 40.
+	f.writeWeightsAsTheCycle("web", map[string]int{"10.6.0.1": 300, "10.6.0.2": 40, "10.6.0.3": 300},
+		map[string]string{"10.6.0.1": "web-1", "10.6.0.2": "web-2", "10.6.0.3": "web-3"})
 	// web-2 is replaced by web-4 on another slow machine; web-5 lands on a node without the label.
 	f.pod("web", "web-4", "10.6.0.4", on("slow"))
 	f.pod("web", "web-5", "10.6.0.5", on("plain"))
 	f.slice("web", "web-x", ready("web-1", "10.6.0.1"), ready("web-2", "10.6.0.2"), ready("web-3", "10.6.0.3"),
 		ready("web-4", "10.6.0.4"), ready("web-5", "10.6.0.5"))
-	se = f.waitForAddresses("web", "10.6.0.1", "10.6.0.2", "10.6.0.3", "10.6.0.4", "10.6.0.5")
+	se := f.waitForAddresses("web", "10.6.0.1", "10.6.0.2", "10.6.0.3", "10.6.0.4", "10.6.0.5")
 	got := map[string]uint32{}
 	for _, e := range se.Spec.Endpoints {
 		got[e.Address] = e.Weight

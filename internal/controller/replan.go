@@ -20,9 +20,6 @@ import (
 type lastPlans struct {
 	mu    sync.Mutex
 	byKey map[types.NamespacedName]lastPlan
-	// seq numbers the re-plans, so that a weight cycle can tell whether one was written since it
-	// read the ServiceEntry it planned for (ReplanSeq, ReplannedSince).
-	seq uint64
 }
 
 type lastPlan struct {
@@ -33,28 +30,22 @@ type lastPlan struct {
 	at         time.Time
 	window     time.Duration
 	target     cycle.Target
-	// replanned is when the mirror last wrote re-planned weights (zero: never), replanSeq its
-	// number.
-	replanned time.Time
-	replanSeq uint64
 	// replannedWeights are the weights the last re-plan wrote, by IP, until the next cycle
 	// records its plan: the mirror's status names them as re-planned.
 	replannedWeights map[string]uint32
 }
 
-// Replanned records that re-planned weights for key, planned at at, are being written: the next
-// cycle's window then straddles a weight change, as after a cycle's own write, and a cycle that
-// planned before it must not write over them (ReplannedSince). The mirror records it before its
-// write: a write that then fails costs at most a cycle that keeps its weights.
-func (m *Membership) Replanned(key types.NamespacedName, at time.Time, byIP map[string]uint32) {
+// Replanned records that the mirror's write of re-planned weights for key (byIP) has landed. It
+// serves the status only: what the weight cycle must know of a re-plan (that one was written,
+// and when) is on the ServiceEntry itself (ReplannedAtAnnotation), in the same write.
+func (m *Membership) Replanned(key types.NamespacedName, byIP map[string]uint32) {
 	if m == nil {
 		return
 	}
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()
 	if p, ok := m.plans.byKey[key]; ok {
-		m.plans.seq++
-		p.replanned, p.replanSeq, p.replannedWeights = at, m.plans.seq, byIP
+		p.replannedWeights = byIP
 		m.plans.byKey[key] = p
 	}
 }
@@ -71,37 +62,6 @@ func (m *Membership) ReplannedWeight(key types.NamespacedName, ip string, weight
 	return ok && w == weight
 }
 
-// ReplanSeq is the number of the last re-plan of any key, for ReplannedSince.
-func (m *Membership) ReplanSeq() uint64 {
-	if m == nil {
-		return 0
-	}
-	m.plans.mu.Lock()
-	defer m.plans.mu.Unlock()
-	return m.plans.seq
-}
-
-// ReplannedSince reports whether re-planned weights for key were recorded after ReplanSeq gave seq.
-func (m *Membership) ReplannedSince(key types.NamespacedName, seq uint64) bool {
-	if m == nil {
-		return false
-	}
-	m.plans.mu.Lock()
-	defer m.plans.mu.Unlock()
-	return m.plans.byKey[key].replanSeq > seq
-}
-
-// LastReplan is when re-planned weights for key were last written; zero if never. The weight cycle counts it as a weight write for the window coverage. It is kept
-// in memory only: after a leader change the first cycle may take one mixed window as settled.
-func (m *Membership) LastReplan(key types.NamespacedName) time.Time {
-	if m == nil {
-		return time.Time{}
-	}
-	m.plans.mu.Lock()
-	defer m.plans.mu.Unlock()
-	return m.plans.byKey[key].replanned
-}
-
 // RecordPlan keeps a cycle's input to the engine for alb (endpoint IDs are IPs). Only inputs the
 // engine planned from count: a target whose metrics failed keeps no plan, so no re-plan happens
 // during a hold or a fallback.
@@ -116,7 +76,7 @@ func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Du
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()
 	if t.MetricsErr != nil {
-		// No observations to re-plan from; the time of the last re-plan stays.
+		// No observations to re-plan from.
 		if prev, ok := m.plans.byKey[key]; ok {
 			prev.target, prev.at = cycle.Target{}, time.Time{}
 			m.plans.byKey[key] = prev
@@ -126,14 +86,7 @@ func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Du
 	if m.plans.byKey == nil {
 		m.plans.byKey = map[types.NamespacedName]lastPlan{}
 	}
-	// The time of the last re-plan outlives the plan it came from: the windows of the next
-	// cycles straddle it until one window has passed.
-	var replanned time.Time
-	var replanSeq uint64
-	if prev, ok := m.plans.byKey[key]; ok && prev.uid == uid {
-		replanned, replanSeq = prev.replanned, prev.replanSeq
-	}
-	m.plans.byKey[key] = lastPlan{uid: uid, generation: alb.Generation, at: at, window: window, target: t, replanned: replanned, replanSeq: replanSeq}
+	m.plans.byKey[key] = lastPlan{uid: uid, generation: alb.Generation, at: at, window: window, target: t}
 }
 
 // listedThroughout reports whether every pod of stay (by IP) has been in the ServiceEntry since
@@ -174,7 +127,8 @@ func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 // departed endpoints' traffic: the whole load is planned over fewer pods. The window-settle rules
 // do not apply (weights.Input.Replan); the dead band does.
 //
-// It returns the weights by pod name and when they were planned, or nil to keep the weights the mirror would write anyway:
+// It returns the weights by pod name and when they were planned, or nil to keep the weights the
+// mirror would write anyway:
 // in DryRun and Frozen; when the spec changed since the last cycle; for the published operator's algorithm, which reacts in its cycle only;
 // when no endpoint left, or one joined (a rolling restart's replacement, a scale-up: the lost
 // capacity is being replaced, and the newcomer has no observation to plan with), or a survivor's

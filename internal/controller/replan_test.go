@@ -325,7 +325,7 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 	key := types.NamespacedName{Namespace: "ns", Name: "web"}
 	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
 	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
-	m.Replanned(key, clk.Now(), map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28})
+	m.Replanned(key, map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28})
 	replanned := func(ip string, w uint32) bool { return m.ReplannedWeight(key, ip, w) }
 
 	earlier := metav1.NewTime(clk.Now().Add(-time.Minute))

@@ -311,7 +311,7 @@ func TestUpToDate_AMissingInstallationLabelWaitsForTheNextWrite(t *testing.T) {
 		se.Spec.Hosts = []string{"web.default.svc.cluster.local"}
 		return se
 	}
-	desired := withLabels(nil).Spec.DeepCopy()
+	desired := desiredServiceEntry{spec: withLabels(nil).Spec.DeepCopy()}
 	for _, c := range []struct {
 		name   string
 		labels map[string]string

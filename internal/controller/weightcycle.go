@@ -44,6 +44,12 @@ type WeightCycle struct {
 	// Membership is the mirror's record of when each endpoint was in its ServiceEntry; the
 	// cycle counts an endpoint's signals over that time only. Nil: the whole window.
 	Membership *Membership
+	// Warmups finds the DestinationRule warm-up of each Service; nil: warm-ups are not read.
+	Warmups *WarmupSource
+	// Timeout bounds one cycle: gathering, the metrics fetch and the burst of writes. Writes it
+	// leaves out are deferred to the next cycle, and the status is still written (under a
+	// timeout of its own). 0: DefaultCycleTimeout.
+	Timeout time.Duration
 	// Activity, if set, counts cycles under way; once it is closed none starts.
 	Activity *Activity
 	// AllowQueryOverrides lets spec.metrics.queries replace the operator's queries. Off, they are
@@ -56,7 +62,7 @@ type WeightCycle struct {
 	states    map[types.NamespacedName]cycle.State
 	lastRun   map[types.NamespacedName]time.Time
 	debouncer *pushmodel.Debouncer
-	// known holds, per AdaptiveLoadBalancer, the pods whose weight came from their own metrics:
+	// known holds, per AdaptiveLoadBalancer, the pods (by name) whose weight came from their own metrics:
 	// while their metrics are missing they keep their last weight.
 	known map[types.NamespacedName]map[string]bool
 	// statusThrottle spaces the status writes that only refresh the per-endpoint signals.
@@ -100,10 +106,27 @@ type CycleReport struct {
 	Outcomes map[types.NamespacedName]cycle.Outcome
 	// Inputs are what the planner and the engine were given for each due AdaptiveLoadBalancer.
 	Inputs map[types.NamespacedName]cycle.Target
+	// Failed are the due AdaptiveLoadBalancers whose inputs could not be read, and why.
+	Failed map[types.NamespacedName]error
 	Pushes int
 }
 
-// RunOnce runs one cycle now.
+// DefaultCycleTimeout bounds one weight cycle when WeightCycle.Timeout is zero: long enough for
+// the largest burst the operator writes (every Service of 10,000 failing open at once, at the
+// client's 200 requests per second: 50 s), short enough that a wedged read cannot hold every
+// Service's weights for long.
+const DefaultCycleTimeout = 2 * time.Minute
+
+func (w *WeightCycle) timeout() time.Duration {
+	if w.Timeout > 0 {
+		return w.Timeout
+	}
+	return DefaultCycleTimeout
+}
+
+// RunOnce runs one cycle now: gather, fetch, evaluate and plan, write, then the status of every
+// target. It returns an error only when the AdaptiveLoadBalancers cannot be listed; one
+// target's failure is that target's status.
 func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	if !w.Activity.enter() {
 		return CycleReport{}, nil // this manager is being replaced
@@ -118,38 +141,50 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		w.debouncer = pushmodel.NewDebouncer(w.Debounce)
 	}
 	logger := log.FromContext(ctx)
-	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}}
+	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}, Failed: map[types.NamespacedName]error{}}
+	// The status says what the cycle did, also when its deadline cut it short: it is written
+	// under a timeout of its own.
+	statusCtx, cancelStatus := context.WithTimeout(context.WithoutCancel(ctx), w.timeout())
+	defer cancelStatus()
+	ctx, cancel := context.WithTimeout(ctx, w.timeout())
+	defer cancel()
 
-	// Re-plans the mirror writes from here on answer a membership this cycle may not plan for.
-	replanSeq := w.Membership.ReplanSeq()
-	due, idle, err := w.dueTargets(ctx, start)
+	g, err := w.dueTargets(ctx, start)
 	if err != nil {
 		return report, err
 	}
-	for _, t := range idle {
-		w.writeIdleStatus(ctx, t)
+	for _, t := range g.idle {
+		w.writeIdleStatus(statusCtx, t)
 	}
+	for _, f := range g.failed {
+		key := client.ObjectKeyFromObject(f.alb)
+		report.Failed[key] = f.err
+		logger.Error(f.err, "cannot read this Service's inputs; its weights are left as they are and the next cycle retries", "adaptiveLoadBalancer", key)
+		w.writeFailedStatus(statusCtx, f)
+	}
+	due := g.due
 	report.Due = len(due)
-	if len(due) == 0 {
-		return report, nil
-	}
-	batches := w.fetch(ctx, start, due)
-	w.evaluate(start, due, batches, &report)
-	outcomes, prev, next := w.plan(start, due)
-	deferred := w.writeBurst(ctx, start, due, outcomes, prev, next, replanSeq, &report)
-	for i, d := range due {
-		if err := w.writeStatus(ctx, d, outcomes[i], start); err != nil {
-			logger.Error(err, "status write failed", "adaptiveLoadBalancer", d.key)
+	deferred := 0
+	if len(due) > 0 {
+		batches := w.fetch(ctx, start, due)
+		w.evaluate(start, due, batches, &report)
+		outcomes, prev, next := w.plan(start, due)
+		deferred = w.writeBurst(ctx, start, due, outcomes, prev, next, &report)
+		for i, d := range due {
+			if err := w.writeStatus(statusCtx, d, outcomes[i], start); err != nil {
+				logger.Error(err, "status write failed", "adaptiveLoadBalancer", d.key)
+			}
 		}
-	}
-	// Close the debounce period the burst opened: its push is due once the quiet time passes.
-	if len(report.Writes) > 0 {
-		last := report.Writes[len(report.Writes)-1]
-		report.Pushes += len(w.debouncer.Advance(last.Add(w.debounceAfter())))
+		// Close the debounce period the burst opened: its push is due once the quiet time passes.
+		if len(report.Writes) > 0 {
+			last := report.Writes[len(report.Writes)-1]
+			report.Pushes += len(w.debouncer.Advance(last.Add(w.debounceAfter())))
+		}
 	}
 	w.Cycle.EstimatedPushes.Add(float64(report.Pushes))
 	w.Cycle.DeferredServices.Set(float64(deferred))
 	w.Cycle.CycleDuration.Observe(w.Clock.Since(start).Seconds())
+	// A cycle with nothing due has completed too: the stuck-cycle alert reads this.
 	w.Cycle.LastSuccess.Set(float64(w.Clock.Now().Unix()))
 	return report, nil
 }

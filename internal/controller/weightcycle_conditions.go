@@ -47,16 +47,21 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		weightsCond.Message = "the weight write failed; the ServiceEntry keeps its weights and the next cycle retries: " + shorten(d.writeErr.Error(), 200)
 	case o.Err != nil:
 		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonWriteFailed, shorten(o.Err.Error(), 300)
+	case o.Action == cycle.ActionDeferred:
+		// Also a fallback: it is reported, and announced, once its write has gone out.
+		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
 	case o.Fallback:
 		weightsCond.Reason = adlbv1.ReasonFallback
 	case o.Action == cycle.ActionHold:
 		weightsCond.Message = fmt.Sprintf("last weights held while metrics are unavailable (for up to %s)", d.observed.HoldTime)
 	case o.Action == cycle.ActionDryRun:
 		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonDryRun, "mode is DryRun: "+o.Reason+" (not written)"
-	case o.Action == cycle.ActionDeferred:
-		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
 	}
 	weightsCond.Message = shorten(weightsCond.Message, 600)
+	if d.warmupErr != nil && weightsCond.Status == metav1.ConditionTrue {
+		// Stable words (see errWarmupsUnknown), so the status is not rewritten every cycle.
+		weightsCond.Message += "; " + shorten(d.warmupErr.Error(), 200)
+	}
 	if h.histogramFailure != nil && weightsCond.Status == metav1.ConditionTrue {
 		// Only in the message, and by reason rather than the full error (which can change every
 		// cycle): the weights are still applied, so Ready stays True and the status is not

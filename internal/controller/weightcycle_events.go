@@ -56,7 +56,9 @@ func (w *WeightCycle) tell(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer
 		}
 	}
 	switch {
-	case o.FallbackStarted && d.writeErr == nil:
+	case o.FallbackStarted && o.Action == cycle.ActionWrite && d.writeErr == nil:
+		// Announced with the write that resets the weights, not before it (nor when they were
+		// equal already: nothing was reset).
 		logger.Info("metrics unavailable for longer than the hold time: weights reset to equal", "holdTime", d.observed.HoldTime.String())
 		w.Recorder.Event(alb, corev1.EventTypeWarning, EventFallback, shorten(o.Reason, 1000))
 	case o.Recovered:

@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -37,10 +36,14 @@ type dueTarget struct {
 	overridesIgnored bool
 	pods             map[string]*corev1.Pod // by IP
 	podOrder         []string               // IPs in ServiceEntry order
-	current          map[string]int         // weight by IP
+	current          map[string]int         // applied weight by IP (the operator's record, else the ServiceEntry's)
+	slicePod         map[string]string      // the pod the EndpointSlices list at each IP, by which the record names it
 	peerGroup        map[string]string      // instance type by IP
 	nodeCPU          map[string]float64     // allocatable CPU of the pod's node by IP, when known
 	lastWrite        time.Time
+	// replannedAt is the time of the mirror's last re-plan in the ServiceEntry this cycle read:
+	// a later one in the version it writes to means the mirror re-planned since (writeWeights).
+	replannedAt time.Time
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
 	health   metricsHealth
@@ -53,8 +56,10 @@ type dueTarget struct {
 	peak    rateObservation
 	hasPeak bool
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
-	// new endpoints up over it, so their early signals do not show their capacity.
-	warmup time.Duration
+	// new endpoints up over it, so their early signals do not show their capacity. warmupErr
+	// says why it is unknown (then 0).
+	warmup    time.Duration
+	warmupErr error
 }
 
 // idleTarget is an AdaptiveLoadBalancer the cycle does not weight because its mode is Frozen;
@@ -64,14 +69,27 @@ type idleTarget struct {
 	condition metav1.Condition
 }
 
-func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarget, []idleTarget, error) {
+// failedTarget is a due AdaptiveLoadBalancer whose inputs the cycle could not read.
+type failedTarget struct {
+	alb *adlbv1.AdaptiveLoadBalancer
+	err error
+}
+
+// gathered is what one cycle gathered: the targets to plan, the Frozen ones, and the ones whose
+// inputs could not be read. One target's failure never stops the others'.
+type gathered struct {
+	due    []*dueTarget
+	idle   []idleTarget
+	failed []failedTarget
+}
+
+func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) (gathered, error) {
 	var list adlbv1.AdaptiveLoadBalancerList
 	if err := w.Client.List(ctx, &list); err != nil {
-		return nil, nil, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
+		return gathered{}, fmt.Errorf("list AdaptiveLoadBalancers: %w", err)
 	}
 	w.forgetGone(list.Items)
-	var due []*dueTarget
-	var idle []idleTarget
+	var g gathered
 	present := make(map[types.NamespacedName]bool, len(list.Items))
 	for i := range list.Items {
 		present[client.ObjectKeyFromObject(&list.Items[i])] = true
@@ -99,7 +117,7 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 			continue // nothing mirrored yet, or a condition the mirror reports
 		}
 		if alb.Spec.Mode == adlbv1.ModeFrozen {
-			idle = append(idle, idleTarget{alb: alb, condition: metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue,
+			g.idle = append(g.idle, idleTarget{alb: alb, condition: metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionTrue,
 				Reason: adlbv1.ReasonFrozen, Message: "mode is Frozen: the weights in the ServiceEntry are kept as they are", ObservedGeneration: alb.Generation}})
 			// A later switch back to Active starts a new hold history.
 			delete(w.states, key)
@@ -109,62 +127,87 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) ([]*dueTarg
 		if err != nil {
 			continue // rejected at admission in practice; the mirror reports it
 		}
-		se := &networkingv1.ServiceEntry{}
-		if err := w.Client.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue // the mirror has just deleted it, or is about to create it
-			}
-			return nil, nil, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+		// One Service's reads may take a tenth of the cycle at most: a read that blocks (an
+		// informer that cannot sync) must not use up the others' time.
+		gatherCtx, cancel := context.WithTimeout(ctx, max(w.timeout()/10, time.Second))
+		d, err := w.gather(gatherCtx, alb, settings, interval, nodes)
+		cancel()
+		switch {
+		case err != nil:
+			g.failed = append(g.failed, failedTarget{alb: alb, err: err})
+		case d != nil:
+			g.due = append(g.due, d)
 		}
-		if !metav1.IsControlledBy(se, alb) {
+	}
+	sort.Slice(g.due, func(i, j int) bool { return g.due[i].key.String() < g.due[j].key.String() })
+	return g, nil
+}
+
+// gather reads what the engine needs for one due AdaptiveLoadBalancer: its ServiceEntry, the
+// pods at its addresses and their nodes, and its Service's warm-up. It returns nil when there is
+// nothing to weight (no ServiceEntry of its own yet). nodes memoises the cycle's node reads.
+func (w *WeightCycle) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, settings weights.Settings, interval time.Duration, nodes map[string]nodeFacts) (*dueTarget, error) {
+	se := &networkingv1.ServiceEntry{}
+	if err := w.Client.Get(ctx, types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}, se); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil // the mirror has just deleted it, or is about to create it
+		}
+		return nil, fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
+	}
+	if !metav1.IsControlledBy(se, alb) {
+		return nil, nil
+	}
+	d := &dueTarget{key: client.ObjectKeyFromObject(alb), alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
+		current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}}
+	if w.Warmups != nil {
+		// Unknown warm-ups are no reason to stop: new pods' first signals are still discounted by
+		// their time in the ServiceEntry (minMembershipShare); WeightsApplied says what is missing.
+		d.warmup, d.warmupErr = w.Warmups.Warmup(ctx, alb)
+	}
+	if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
+		q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
+		if w.AllowQueryOverrides {
+			d.queries = q
+		} else if q != (metrics.QueryTemplates{}) {
+			d.overridesIgnored = true
+		}
+	}
+	if alb.Status.LastWeightWrite != nil {
+		d.lastWrite = alb.Status.LastWeightWrite.Time
+	}
+	d.replannedAt = replannedAt(se)
+	listed, err := w.slicePods(ctx, alb)
+	if err != nil {
+		return nil, err
+	}
+	d.slicePod = listed
+	applied, recorded := readApplied(se)
+	for _, e := range se.Spec.Endpoints {
+		d.podOrder = append(d.podOrder, e.Address)
+		d.current[e.Address] = int(e.Weight)
+		if weight, ok := applied[listed[e.Address]]; recorded && ok {
+			d.current[e.Address] = int(weight) // a weight edited by someone else is not the operator's
+		}
+		pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
+		if err != nil {
+			return nil, err
+		}
+		if pod == nil {
 			continue
 		}
-		warmup, err := w.warmupOf(ctx, alb)
+		d.pods[e.Address] = pod
+		facts, err := w.node(ctx, pod.Spec.NodeName, nodes)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		d := &dueTarget{key: key, alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
-			current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}, warmup: warmup}
-		if m := alb.Spec.Metrics; m != nil && m.Queries != nil {
-			q := metrics.QueryTemplates{CPU: m.Queries.CPU, RequestRate: m.Queries.RequestRate, ErrorRate: m.Queries.ErrorRate, LatencyP99: m.Queries.LatencyP99}
-			if w.AllowQueryOverrides {
-				d.queries = q
-			} else if q != (metrics.QueryTemplates{}) {
-				d.overridesIgnored = true
-			}
+		if facts.instanceType != "" {
+			d.peerGroup[e.Address] = facts.instanceType
 		}
-		if alb.Status.LastWeightWrite != nil {
-			d.lastWrite = alb.Status.LastWeightWrite.Time
+		if facts.cpuCores > 0 {
+			d.nodeCPU[e.Address] = facts.cpuCores
 		}
-		listed, err := w.slicePods(ctx, alb)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, e := range se.Spec.Endpoints {
-			d.podOrder = append(d.podOrder, e.Address)
-			d.current[e.Address] = int(e.Weight)
-			pod, err := w.podOf(ctx, alb.Namespace, e.Address, listed[e.Address])
-			if err != nil {
-				return nil, nil, err
-			}
-			if pod != nil {
-				d.pods[e.Address] = pod
-				facts, err := w.node(ctx, pod.Spec.NodeName, nodes)
-				if err != nil {
-					return nil, nil, err
-				}
-				if facts.instanceType != "" {
-					d.peerGroup[e.Address] = facts.instanceType
-				}
-				if facts.cpuCores > 0 {
-					d.nodeCPU[e.Address] = facts.cpuCores
-				}
-			}
-		}
-		due = append(due, d)
 	}
-	sort.Slice(due, func(i, j int) bool { return due[i].key.String() < due[j].key.String() })
-	return due, idle, nil
+	return d, nil
 }
 
 // nodeFacts is what the weight cycle reads of a node.
@@ -262,28 +305,4 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 // dropGone deletes the entries of AdaptiveLoadBalancers that are not live.
 func dropGone[V any](m map[types.NamespacedName]V, live map[types.NamespacedName]bool) {
 	maps.DeleteFunc(m, func(key types.NamespacedName, _ V) bool { return !live[key] })
-}
-
-// warmupOf returns the warm-up (slow start) duration a DestinationRule in the Service's namespace
-// sets for the Service's host, or 0.
-func (w *WeightCycle) warmupOf(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (time.Duration, error) {
-	var rules networkingv1.DestinationRuleList
-	if err := w.Client.List(ctx, &rules, client.InNamespace(alb.Namespace)); err != nil {
-		return 0, fmt.Errorf("list DestinationRules in %s: %w", alb.Namespace, err)
-	}
-	svc := alb.Spec.TargetRef.Name
-	for _, dr := range rules.Items {
-		h := dr.Spec.Host
-		if h != svc && h != svc+"."+alb.Namespace && !strings.HasPrefix(h, svc+"."+alb.Namespace+".svc") {
-			continue
-		}
-		lb := dr.Spec.GetTrafficPolicy().GetLoadBalancer()
-		if d := lb.GetWarmup().GetDuration(); d != nil {
-			return d.AsDuration(), nil
-		}
-		if d := lb.GetWarmupDurationSecs(); d != nil {
-			return d.AsDuration(), nil
-		}
-	}
-	return 0, nil
 }

@@ -38,10 +38,10 @@ func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Du
 func (w *WeightCycle) evaluate(start time.Time, due []*dueTarget, batches map[time.Duration]fetchResult, report *CycleReport) {
 	for _, d := range due {
 		// Weights the mirror re-planned when endpoints left count as a write for the coverage.
-		if at := w.Membership.LastReplan(d.key); at.After(d.lastWrite) {
-			d.lastWrite = at
+		if d.replannedAt.After(d.lastWrite) {
+			d.lastWrite = d.replannedAt
 		}
-		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), w.known[d.key], w.Membership)
+		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), d.knownEndpoints(w.known[d.key]), w.Membership)
 		if _, planned := w.states[d.key]; !planned {
 			// A new leader, or the first cycle: continue from the peak the status recorded.
 			w.seedPeak(d.key, d.alb, start)
@@ -69,4 +69,17 @@ func (w *WeightCycle) plan(start time.Time, due []*dueTarget) ([]cycle.Outcome, 
 	}
 	outcomes, next := cycle.Plan(start, targets, prev, w.Budget)
 	return outcomes, prev, next
+}
+
+// knownEndpoints marks, by endpoint IP, the endpoints whose pod's weight came from its own
+// metrics in an earlier cycle (knownPods, by pod name): a pod that took over another's address
+// inherits nothing.
+func (d *dueTarget) knownEndpoints(knownPods map[string]bool) map[string]bool {
+	out := map[string]bool{}
+	for ip, pod := range d.pods {
+		if knownPods[pod.Name] {
+			out[ip] = true
+		}
+	}
+	return out
 }

@@ -172,3 +172,21 @@ func signalsOnly(a, b *adlbv1.AdaptiveLoadBalancerStatus) bool {
 	}
 	return apiequality.Semantic.DeepEqual(sa, sb)
 }
+
+// writeFailedStatus reports a target whose inputs the cycle could not read: WeightsApplied turns
+// False (InputsUnavailable) until a cycle reads them again. Only while the mirror reports the
+// ServiceEntry: otherwise WeightsApplied is its NoServiceEntry.
+func (w *WeightCycle) writeFailedStatus(ctx context.Context, f failedTarget) {
+	alb := f.alb.DeepCopy()
+	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || c.Status != metav1.ConditionTrue {
+			return false
+		}
+		return meta.SetStatusCondition(&alb.Status.Conditions, metav1.Condition{Type: adlbv1.ConditionWeightsApplied, Status: metav1.ConditionFalse,
+			Reason: adlbv1.ReasonInputsUnavailable, ObservedGeneration: alb.Generation,
+			Message: "the weight cycle could not read this Service's inputs; its weights are left as they are and the next cycle retries: " + shorten(f.err.Error(), 300)})
+	}
+	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
+		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", client.ObjectKeyFromObject(alb))
+	}
+}

@@ -500,11 +500,19 @@ func orderedWeights(ips []string, w map[string]int) []int {
 
 func TestWeightCycle_RespectsTheDestinationRuleWarmup(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.loop.Warmups = startWarmups(t, testConfig, nil)
 	dr := &networkingv1.DestinationRule{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: lf.ns}}
 	dr.Spec.Host = "web"
 	dr.Spec.TrafficPolicy = &apinetworkingv1.TrafficPolicy{LoadBalancer: &apinetworkingv1.LoadBalancerSettings{
 		Warmup: &apinetworkingv1.WarmupConfiguration{Duration: durationpb.New(5 * time.Minute)}}}
 	lf.create(dr)
+	lf.eventually("the DestinationRule is in the warm-up source's cache", func() error {
+		d, err := lf.loop.Warmups.Warmup(lf.ctx, lf.get("web"))
+		if err == nil && d != 5*time.Minute {
+			err = fmt.Errorf("warm-up %v", d)
+		}
+		return err
+	})
 	// The pods start now on the cycle's clock (which runs behind the wall clock).
 	for i := range lf.ips {
 		pod := &corev1.Pod{}
@@ -697,13 +705,13 @@ func TestWeightCycle_StatusAfterTheMirrorDeletedTheServiceEntrySaysNoServiceEntr
 	lf.run() // initialises the cycle's state
 	lf.clock.Step(loopInterval)
 	lf.loop.mu.Lock()
-	due, _, err := lf.loop.dueTargets(context.Background(), lf.clock.Now())
+	g, err := lf.loop.dueTargets(context.Background(), lf.clock.Now())
 	lf.loop.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var d *dueTarget
-	for _, x := range due {
+	for _, x := range g.due {
 		if x.key == lf.key() {
 			d = x
 		}

@@ -15,17 +15,18 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
-// writeWeights patches only the weights of the ServiceEntry's current endpoints; an endpoint the
-// mirror added or removed meanwhile is left to the mirror.
 // errSupersededByReplan: the mirror re-planned the weights for a newer membership since the
 // cycle read the ServiceEntry; the cycle's decision counts endpoints that left.
 var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weights since this cycle planned")
 
-// writeWeights writes decision's weights. With yieldToReplan, it writes nothing and returns
-// errSupersededByReplan when the mirror has re-planned key's weights since ReplanSeq gave
-// replanSeq: checked after reading the version to patch, so that a re-plan written after the
-// check makes the patch conflict instead of being overwritten.
-func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool, replanSeq uint64) error {
+// writeWeights patches the weights of the ServiceEntry's current endpoints to decision's, and
+// the operator's record of them, in one write; an endpoint the mirror added or removed meanwhile
+// is left to the mirror. With yieldToReplan, it writes nothing and returns errSupersededByReplan
+// when the version it would patch carries a re-plan the version the cycle planned from did not:
+// checked on the version patched under an optimistic lock, so that a re-plan written after the
+// check makes the patch conflict instead of being overwritten (the cycle then yields to it too),
+// and a re-plan whose write failed is not yielded to.
+func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool) error {
 	next := decision.Weights()
 	key := client.ObjectKeyFromObject(d.se)
 	cached := &networkingv1.ServiceEntry{}
@@ -36,7 +37,7 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		w.Versions = &ServiceEntryVersions{}
 	}
 	se := w.Versions.newest(key, cached)
-	if yieldToReplan && w.Membership.ReplannedSince(d.key, replanSeq) {
+	if yieldToReplan && !replannedAt(se).Equal(d.replannedAt) {
 		return errSupersededByReplan
 	}
 	base := se.DeepCopy()
@@ -51,11 +52,24 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		return nil
 	}
 	istio.LimitWeightSum(se.Spec.Endpoints)
+	applied, ok := readApplied(se)
+	if !ok {
+		applied = appliedWeights{}
+	}
+	for _, e := range se.Spec.Endpoints {
+		if pod := d.slicePod[e.Address]; pod != "" {
+			applied[pod] = e.Weight
+		}
+	}
+	setAnnotation(se, AppliedWeightsAnnotation, applied.String())
 	// Optimistic lock: a membership write may have landed since the read; then the mirror's
 	// version wins and the next cycle retries.
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			w.Versions.forget(key) // someone else wrote since: the next cycle starts from the cache
+			if yieldToReplan && w.replannedSince(ctx, key, d.replannedAt) {
+				return errSupersededByReplan // the write that won carries the mirror's re-plan
+			}
 		}
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
@@ -65,12 +79,23 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 	return nil
 }
 
+// replannedSince reports whether the ServiceEntry key, read from the API server, carries a
+// re-plan other than the one at planned.
+func (w *WeightCycle) replannedSince(ctx context.Context, key client.ObjectKey, planned time.Time) bool {
+	reader := w.APIReader
+	if reader == nil {
+		reader = w.Client
+	}
+	live := &networkingv1.ServiceEntry{}
+	return reader.Get(ctx, key, live) == nil && !replannedAt(live).Equal(planned)
+}
+
 // writeBurst carries out the plan: it records each target's new state and writes the weights
 // of every target whose outcome is a write, in one tight burst: back to back, well inside one
 // istiod debounce window, then the operator is quiet until the next cycle. An outcome whose
 // write was superseded by the mirror's re-plan, or failed, is amended in place. It returns how
 // many targets the budget deferred.
-func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*dueTarget, outcomes []cycle.Outcome, prev, next map[string]cycle.State, replanSeq uint64, report *CycleReport) int {
+func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*dueTarget, outcomes []cycle.Outcome, prev, next map[string]cycle.State, report *CycleReport) int {
 	deferred := 0
 	for i, d := range due {
 		o := &outcomes[i]
@@ -79,14 +104,26 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed)
 		}
 		w.states[d.key] = next[d.key.String()]
+		if o.Action == cycle.ActionWrite && ctx.Err() != nil {
+			// The cycle's deadline passed before this write: it waits for the next cycle, as one
+			// the budget defers.
+			o.Action = cycle.ActionDeferred
+			o.Reason = fmt.Sprintf("the weight cycle's deadline (%s) passed before this write; carried over to the next cycle (%s)", w.timeout(), o.Reason)
+			st := w.states[d.key]
+			if st.DeferredSince.IsZero() {
+				st.DeferredSince = start
+			}
+			w.states[d.key] = st
+		}
 		if o.Action != cycle.ActionDeferred {
 			w.lastRun[d.key] = start
 		} else {
 			deferred++
+			w.notFallenBack(d, prev)
 		}
 		if o.Action == cycle.ActionWrite {
 			// A fallback to equal weights is written whatever the mirror re-planned.
-			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback, replanSeq)
+			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback)
 			if errors.Is(err, errSupersededByReplan) {
 				o.Action = cycle.ActionNone
 				o.Reason = "endpoints left while this cycle planned: the weights the mirror re-planned for the endpoints that stay are kept until the next cycle"
@@ -95,10 +132,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 				// lastWeightWrite the ServiceEntry really has.
 				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
 				d.writeErr = err
-				// A fallback not written has not begun: its event comes with the write that lands.
-				st := w.states[d.key]
-				st.FallenBack = prev[d.key.String()].FallenBack
-				w.states[d.key] = st
+				w.notFallenBack(d, prev)
 			} else {
 				// Push estimates need when the writes really reached the API server, not the cycle's clock.
 				at := time.Now()
@@ -112,12 +146,20 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 				w.known[d.key] = map[string]bool{}
 			}
 			for _, e := range d.observed.Endpoints {
-				if e.HasMetrics {
-					w.known[d.key][e.ID] = true
+				if pod, ok := d.pods[e.ID]; ok && e.HasMetrics {
+					w.known[d.key][pod.Name] = true
 				}
 			}
 		}
 		report.Outcomes[d.key] = *o
 	}
 	return deferred
+}
+
+// notFallenBack keeps d's planner state as it was before this cycle as far as the fallback goes:
+// a fallback not written has not begun, and is reported and announced with the write that lands.
+func (w *WeightCycle) notFallenBack(d *dueTarget, prev map[string]cycle.State) {
+	st := w.states[d.key]
+	st.FallenBack = prev[d.key.String()].FallenBack
+	w.states[d.key] = st
 }

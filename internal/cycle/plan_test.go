@@ -334,3 +334,32 @@ func TestPlan_TailWritePromisingTooLittleGainIsNotWrittenByAnyLeader(t *testing.
 		}
 	}
 }
+
+// Issue 21.4: a fallback to equal weights is failing open, the safe direction; it is never
+// deferred by the write budget (at 10,000 Services and 50 writes per 5 s tick, a cluster-wide
+// TSDB outage would otherwise take 17 minutes beyond the hold time to reach the last Service).
+// Fallbacks count against the budget: the other writes get what they leave.
+func TestPlan_FallbacksJumpTheBudget(t *testing.T) {
+	outage := errors.New("connection refused")
+	var targets []Target
+	states := map[string]State{}
+	for i := range 3 {
+		tg := target(fmt.Sprintf("ns/down-%d", i), skewed(120, 120, 40))
+		tg.MetricsErr = outage
+		targets = append(targets, tg)
+		states[tg.Key] = State{LastGoodMetrics: t0.Add(-10 * interval)} // past the hold time
+	}
+	targets = append(targets, target("ns/adapting", skewed(100, 100, 100)))
+	outs, next := Plan(t0, targets, states, 2)
+	for _, o := range outs[:3] {
+		if o.Action != ActionWrite || !o.Fallback || !o.FallbackStarted {
+			t.Errorf("%s: %s (fallback %v): a fallback must be written whatever the budget: %s", o.Key, o.Action, o.Fallback, o.Reason)
+		}
+		if !next[o.Key].FallenBack || !next[o.Key].DeferredSince.IsZero() {
+			t.Errorf("%s: state %+v after its fallback write", o.Key, next[o.Key])
+		}
+	}
+	if o := outs[3]; o.Action != ActionDeferred {
+		t.Errorf("%s: %s, want Deferred: three fallbacks spent a budget of 2 (%s)", o.Key, o.Action, o.Reason)
+	}
+}

@@ -55,8 +55,9 @@ const MaxEncodedBytes = 1_400_000
 // ErrTooLarge marks a ServiceEntry too large for etcd, or for the operator's limits.
 var ErrTooLarge = errors.New("ServiceEntry too large")
 
-// checkSize refuses a ServiceEntry above maxEndpoints or MaxEncodedBytes.
-func checkSize(spec *apinetworkingv1.ServiceEntry, maxEndpoints int) error {
+// checkSize refuses a ServiceEntry above maxEndpoints, or whose spec and the reserved bytes
+// stored beside it exceed MaxEncodedBytes.
+func checkSize(spec *apinetworkingv1.ServiceEntry, maxEndpoints, reserved int) error {
 	if maxEndpoints <= 0 {
 		maxEndpoints = MaxEndpoints
 	}
@@ -72,8 +73,8 @@ func checkSize(spec *apinetworkingv1.ServiceEntry, maxEndpoints int) error {
 	if err != nil {
 		return fmt.Errorf("encode ServiceEntry: %w", err)
 	}
-	if len(raw) > MaxEncodedBytes {
-		return fmt.Errorf("%w: the endpoints' labels make it %d bytes, above the limit of %d that keeps it within etcd's 1.5 MiB object size; its clients use the Kubernetes endpoints without weights", ErrTooLarge, len(raw), MaxEncodedBytes)
+	if len(raw)+reserved > MaxEncodedBytes {
+		return fmt.Errorf("%w: the endpoints' labels make it %d bytes, above the limit of %d that keeps it within etcd's 1.5 MiB object size; its clients use the Kubernetes endpoints without weights", ErrTooLarge, len(raw)+reserved, MaxEncodedBytes)
 	}
 	return nil
 }

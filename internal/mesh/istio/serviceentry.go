@@ -75,6 +75,9 @@ type Input struct {
 	ExportTo []string
 	// MaxEndpoints refuses a ServiceEntry with more endpoints (ErrTooLarge); 0 is MaxEndpoints.
 	MaxEndpoints int
+	// ReservedBytes is what the caller stores in the object beside the spec (its own
+	// annotations): it counts against MaxEncodedBytes with the spec.
+	ReservedBytes int
 }
 
 // Endpoint is one mirrored endpoint, as the status reports it.
@@ -204,7 +207,7 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 		Endpoints:  entries,
 		ExportTo:   exportTo,
 	}
-	if err := checkSize(spec, in.MaxEndpoints); err != nil {
+	if err := checkSize(spec, in.MaxEndpoints, in.ReservedBytes); err != nil {
 		return nil, nil, fmt.Errorf("Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return spec, endpoints, nil
