@@ -101,9 +101,8 @@ func checkModel(endpoints []Endpoint, groups []*podGroup, limit func(Endpoint) f
 			continue
 		}
 		// Near its limit, and its latency shows it: a queue stretches its p99 beyond what the
-		// coolest group's shows for its cost, or its tail is heavier than its model explains.
-		stretched := coolest >= 0 && coolest != gi && groupStretch(endpoints, g) >= hotStretchRatio*groupStretch(endpoints, groups[coolest])
-		if _, unexplained := tailUnexplained(endpoints, g, loads[gi].rate/float64(len(g.members))); stretched || unexplained {
+		// coolest group's shows for its cost. Small, even requests queue little even at 92%.
+		if coolest >= 0 && coolest != gi && groupStretch(endpoints, g) >= hotStretchRatio*groupStretch(endpoints, groups[coolest]) {
 			hottest = gi
 		}
 	}
@@ -113,7 +112,13 @@ func checkModel(endpoints []Endpoint, groups []*podGroup, limit func(Endpoint) f
 		v.evidence = fmt.Sprintf("%s at %.0f%% of its CPU limit, above the fleet's %.0f%%, with a p99 of %s", describeGroup(g), 100*loads[hottest].cpu/loads[hottest].limit, 100*fleetUtilization, formatSeconds(groupStretch(endpoints, g)*g.cost))
 		return v
 	}
+	// A tail the model underestimates matters where the weights loaded a group beyond the fleet's
+	// mean: moving toward the capacity split relieves that group. A group loaded below the mean
+	// would only get more from the capacity split.
 	for gi, g := range groups {
+		if loads[gi].cpu/loads[gi].limit < fleetUtilization+hotExcess {
+			continue
+		}
 		perPod := loads[gi].rate / float64(len(g.members))
 		if msg, bad := tailUnexplained(endpoints, g, perPod); bad {
 			v.mispredicted = true
