@@ -33,8 +33,13 @@ type benchOptions struct {
 	plots     string
 	writeDocs bool
 	// seeds is how many consecutive seeds, from each scenario file's own, the robustness table
-	// runs; 1 is the single-seed bench and prints no robustness table.
+	// runs; 1 is the single-seed bench and prints no robustness table. With --random, every
+	// drawn scenario runs under this many seeds.
 	seeds int
+	// noLag reads every scenario's metrics without lag (--no-metrics-lag).
+	noLag bool
+	// random holds the --random flags; random.scenarios 0 runs the suite.
+	random randomOptions
 }
 
 // maxBenchSeeds bounds --seeds: every extra seed is a full run of three policies on every scenario.
@@ -64,15 +69,25 @@ both for the repository's own docs/benchmarks.md and docs/img (run it from the r
 --seeds N (N > 1) also runs least_request, capacity and tail on every scenario under the N seeds
 s, s+1, …, s+N−1, where s is the seed in the scenario's file, whatever --policies says, and adds a
 robustness table: tail's p99 over least_request's and over capacity's (worst and median over the
-seeds) and the seeds at which tail is worse. The other tables stay those of seed s.`,
+seeds) and the seeds at which tail is worse. The other tables stay those of seed s.
+
+--random N draws N random scenarios instead of reading the suite (hardware mixes, load ramps,
+steps, bursts and flash crowds, scaling during the change, 2 to 50 client proxies; every draw
+is in docs/benchmarks.md), runs least_request, capacity, peak-ewma and tail on each under
+--seeds seeds, and reports the distribution of tail's p99 over the others' and the ten worst
+scenarios; --keep-worst DIR writes those as scenario files that simulate --scenario reads.`,
 		Example: `  adaptive-lb bench
   adaptive-lb bench --plots out/
   adaptive-lb bench --write-docs
-  adaptive-lb bench --seeds 5 --policies least_request,capacity,tail`,
+  adaptive-lb bench --seeds 5 --policies least_request,capacity,tail
+  adaptive-lb bench --random 200 --seed 1 --seeds 3 --keep-worst out/worst`,
 		Args: cobra.NoArgs,
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
 			if o.seeds < 1 || o.seeds > maxBenchSeeds {
 				return newUsageError("--seeds %d: give a number of seeds from 1 (each scenario's own seed only) to %d", o.seeds, maxBenchSeeds)
+			}
+			if err := o.checkRandomFlags(cmd); err != nil {
+				return err
 			}
 			if o.writeDocs {
 				if cmd.Flags().Changed("doc") || cmd.Flags().Changed("plots") {
@@ -85,7 +100,12 @@ seeds) and the seeds at which tail is worse. The other tables stay those of seed
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd.OutOrStdout(), cmd.ErrOrStderr()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.random.scenarios > 0 {
+				return o.runRandom(cmd.OutOrStdout(), cmd.ErrOrStderr())
+			}
+			return o.run(cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.suite, "suite", "bench/scenarios", "directory of scenario YAML files")
@@ -94,6 +114,11 @@ seeds) and the seeds at which tail is worse. The other tables stay those of seed
 	f.StringVar(&o.plots, "plots", "", "directory for one PNG per scenario (default: none)")
 	f.IntVar(&o.seeds, "seeds", 1, fmt.Sprintf("number of consecutive seeds, from each scenario file's own, for a robustness table of tail against least_request and capacity (1 to %d; 1 adds no table)", maxBenchSeeds))
 	f.BoolVar(&o.writeDocs, "write-docs", false, "rewrite "+benchDocsPage+" and the PNGs in "+benchDocsPlots+" of the repository in the current directory")
+	f.BoolVar(&o.noLag, noLagFlag, false, noLagUsage)
+	f.IntVar(&o.random.scenarios, "random", 0, fmt.Sprintf("draw this many random scenarios instead of running --suite (up to %d)", maxRandomScenarios))
+	f.Int64Var(&o.random.seed, "seed", 1, "with --random: the series of scenarios to draw")
+	f.StringVar(&o.random.keepWorst, "keep-worst", "", fmt.Sprintf("with --random: directory to write the %d worst scenarios into, as scenario files", randomWorst))
+	f.IntVar(&o.random.workers, "workers", 2, fmt.Sprintf("with --random: simulations run at once (1 to %d); the report does not depend on it", maxRandomWorkers))
 	return cmd
 }
 
@@ -114,6 +139,34 @@ type benchRow struct {
 	firstSeed int64
 }
 
+// checkRandomFlags refuses --random's flags without it, and the suite's flags with it.
+func (o *benchOptions) checkRandomFlags(cmd *cobra.Command) error {
+	changed := func(names ...string) string {
+		for _, n := range names {
+			if cmd.Flags().Changed(n) {
+				return n
+			}
+		}
+		return ""
+	}
+	if o.random.scenarios == 0 {
+		if f := changed("seed", "keep-worst", "workers"); f != "" {
+			return newUsageError("--%s applies to --random only", f)
+		}
+		return nil
+	}
+	if o.random.scenarios < 0 || o.random.scenarios > maxRandomScenarios {
+		return newUsageError("--random %d: give a number of scenarios from 1 to %d", o.random.scenarios, maxRandomScenarios)
+	}
+	if f := changed("suite", "policies", "doc", "plots", "write-docs"); f != "" {
+		return newUsageError("--%s applies to the suite; --random draws its own scenarios and runs %s", f, strings.Join(randomPolicies, ", "))
+	}
+	if o.random.workers < 1 || o.random.workers > maxRandomWorkers {
+		return newUsageError("--workers %d: give from 1 to %d simulations at once", o.random.workers, maxRandomWorkers)
+	}
+	return nil
+}
+
 func (o *benchOptions) run(stdout, stderr io.Writer) error {
 	for _, p := range o.policies {
 		if err := sim.ValidatePolicy(p); err != nil {
@@ -130,6 +183,9 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 		sc, err := sim.LoadScenarioFile(file)
 		if err != nil {
 			return usageError{err: err}
+		}
+		if o.noLag {
+			sc.Controller.Metrics = sim.NoMetricsLag()
 		}
 		fmt.Fprintf(stderr, "bench: %s\n", sc.Name)
 		results, err := runPolicies(sc, o.policies, false, stderr)
@@ -206,10 +262,14 @@ func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stde
 
 func (o *benchOptions) markdown(rows []benchRow) string {
 	var b strings.Builder
+	lagFlag, lag := "", "each file's metrics lag, by default a 15 s scrape read 30 s in the past"
+	if o.noLag {
+		lagFlag, lag = " --"+noLagFlag, "no metrics lag"
+	}
 	if o.seeds > 1 {
-		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs --seeds %d` (suite `%s`, seed of each scenario file; the robustness table at the end adds the next %d seeds).\n\n", o.seeds, o.suite, o.seeds-1)
+		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs --seeds %d%s` (suite `%s`, seed of each scenario file; %s; the robustness table at the end adds the next %d seeds).\n\n", o.seeds, lagFlag, o.suite, lag, o.seeds-1)
 	} else {
-		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs` (suite `%s`, seed of each scenario file).\n\n", o.suite)
+		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs%s` (suite `%s`, seed of each scenario file; %s).\n\n", lagFlag, o.suite, lag)
 	}
 	b.WriteString("p99 latency in ms:\n\n| scenario |")
 	for _, p := range o.policies {

@@ -25,17 +25,21 @@ type simulateOptions struct {
 	duration     time.Duration
 	warmup       time.Duration
 	progress     bool
+	noLag        bool
 
 	scenario *sim.Scenario
 }
 
 // simulateReport is the --json document. Field names are a public format: add, never rename.
 type simulateReport struct {
-	Scenario string        `json:"scenario"`
-	Seed     int64         `json:"seed"`
-	Duration string        `json:"duration"`
-	Warmup   string        `json:"warmup"`
-	Results  []*sim.Result `json:"results"`
+	Scenario string `json:"scenario"`
+	Seed     int64  `json:"seed"`
+	Duration string `json:"duration"`
+	Warmup   string `json:"warmup"`
+	// Metrics is how the simulated controller read its metrics (the scenario's, or none with
+	// --no-metrics-lag).
+	Metrics sim.Metrics   `json:"metrics"`
+	Results []*sim.Result `json:"results"`
 }
 
 func newSimulateCmd() *cobra.Command { return newSimulateCmdFor(&simulateOptions{}) }
@@ -71,6 +75,7 @@ experiment: 15 pods computing fib(25..29) under 1,500 rps.`,
 	// Unset flags are told apart with Changed, not with sentinel defaults, which --help would print.
 	f.DurationVar(&o.warmup, "warmup", 0, "simulated warm-up excluded from statistics (default: the scenario's)")
 	f.BoolVar(&o.progress, "progress", false, "show progress on stderr (default: when stderr is a terminal)")
+	f.BoolVar(&o.noLag, noLagFlag, false, noLagUsage)
 	return cmd
 }
 
@@ -104,6 +109,9 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 		}
 		o.scenario.Warmup.Duration = o.warmup
 	}
+	if o.noLag {
+		o.scenario.Controller.Metrics = sim.NoMetricsLag()
+	}
 	if !cmd.Flags().Changed("progress") {
 		o.progress = isTerminal(os.Stderr)
 	}
@@ -126,7 +134,7 @@ func (o *simulateOptions) run(stdout, stderr io.Writer) error {
 	}
 	// Write every file before printing, so a failure never leaves a table that looks complete.
 	if o.jsonFile != "" {
-		rep := simulateReport{Scenario: o.scenario.Name, Seed: o.scenario.Seed, Duration: o.scenario.Duration.String(), Warmup: o.scenario.Warmup.String(), Results: results}
+		rep := simulateReport{Scenario: o.scenario.Name, Seed: o.scenario.Seed, Duration: o.scenario.Duration.String(), Warmup: o.scenario.Warmup.String(), Metrics: o.scenario.Controller.Metrics, Results: results}
 		data, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode results: %w", err)
@@ -186,13 +194,31 @@ func runPolicies(sc *sim.Scenario, policies []string, progress bool, stderr io.W
 	return results, nil
 }
 
+// The flag that turns the metrics lag off, shared by simulate and bench.
+const (
+	noLagFlag  = "no-metrics-lag"
+	noLagUsage = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape and 30s latency offset)"
+)
+
+// describeLag says how the controller reads its metrics, for a table's header.
+func describeLag(m sim.Metrics) string {
+	if m.Lagless() {
+		return "metrics without lag"
+	}
+	s := fmt.Sprintf("metrics scraped every %v, read %v in the past", m.ScrapeInterval.Duration, m.LatencyOffset.Duration)
+	if m.IngestionDelay.Duration > 0 {
+		s += fmt.Sprintf(", ingested after %v", m.IngestionDelay.Duration)
+	}
+	return s
+}
+
 func printResults(w io.Writer, sc *sim.Scenario, results []*sim.Result) error {
 	pods, rps := 0, sc.Load.RPS
 	for _, p := range sc.Pods {
 		pods += p.Replicas
 	}
-	fmt.Fprintf(w, "Scenario %s: %d pods, %.0f rps, %v simulated (first %v excluded), seed %d, clients: %d proxies × %d workers on %s\n\n",
-		sc.Name, pods, rps, sc.Duration.Duration, sc.Warmup.Duration, sc.Seed, sc.Clients.Proxies, sc.Clients.Workers, sc.Clients.LB)
+	fmt.Fprintf(w, "Scenario %s: %d pods, %.0f rps, %v simulated (first %v excluded), seed %d, clients: %d proxies × %d workers on %s; %s\n\n",
+		sc.Name, pods, rps, sc.Duration.Duration, sc.Warmup.Duration, sc.Seed, sc.Clients.Proxies, sc.Clients.Workers, sc.Clients.LB, describeLag(sc.Controller.Metrics))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tp50 ms\tp90 ms\tp95 ms\tp99 ms\tp99.9 ms\tmean ms\ttotal CPU\trequests\tweight writes\t")
 	for _, r := range results {

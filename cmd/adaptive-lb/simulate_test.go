@@ -129,3 +129,42 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
 }
+
+func TestSimulate_NoMetricsLagReadsEveryCounterEachSecondAndSaysSo(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args       []string
+		header     string
+		scrape     string
+		offsetJSON string
+	}{
+		{nil, "metrics scraped every 15s, read 30s in the past", "15s", "30s"},
+		{[]string{"--no-metrics-lag"}, "metrics without lag", "1s", "0s"},
+	} {
+		jsonPath := filepath.Join(dir, "r.json")
+		args := append([]string{"simulate", "--duration", "40s", "--warmup", "10s", "--policies", "capacity", "--json", jsonPath}, c.args...)
+		code, out, errOut := runCLI(t, args...)
+		if code != exitOK {
+			t.Fatalf("%v: exit %d: %s", c.args, code, errOut)
+		}
+		if !strings.Contains(out, "; "+c.header+"\n") {
+			t.Errorf("%v: the header does not say %q:\n%s", c.args, c.header, out)
+		}
+		var doc struct {
+			Metrics struct {
+				ScrapeInterval string `json:"scrape_interval"`
+				LatencyOffset  string `json:"latency_offset"`
+			} `json:"metrics"`
+		}
+		data, err := os.ReadFile(jsonPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc.Metrics.ScrapeInterval != c.scrape || doc.Metrics.LatencyOffset != c.offsetJSON {
+			t.Errorf("%v: JSON metrics %+v, want scrape %s and offset %s", c.args, doc.Metrics, c.scrape, c.offsetJSON)
+		}
+	}
+}

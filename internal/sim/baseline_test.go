@@ -15,6 +15,8 @@ func TestRun_PublishedBaselinesStartFromTheWeightTheOperatorWritesFirst(t *testi
 		t.Fatal(err)
 	}
 	sc.Duration.Duration, sc.Warmup.Duration = 40*time.Second, 10*time.Second
+	// The first cycle, at 30 s, must see a window of metrics: without lag it sees the first 30 s.
+	sc.Controller.Metrics = NoMetricsLag()
 	for _, policy := range []string{PolicyCPUDistance, PolicyCPUShare} {
 		t.Run(policy, func(t *testing.T) {
 			r, err := Run(sc, policy, Options{})

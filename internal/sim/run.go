@@ -56,6 +56,8 @@ type Options struct {
 	// StaticWeights, when set, gives every pod of a group a fixed weight from the start, with no
 	// controller: how a hand-tuned ServiceEntry would behave.
 	StaticWeights map[string]int
+	// seeInput, when set, is handed every cycle's engine input (tests).
+	seeInput func(t float64, in weights.Input)
 }
 
 // request is one request in flight.
@@ -117,23 +119,27 @@ type simulation struct {
 	totalSent     uint64
 
 	// Controller state.
-	snapCPU     [][]float64          // [pod id][second] cumulative CPU-seconds
-	snapServed  [][]uint64           // [pod id][second] cumulative completions
-	snapLatency [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
-	fleetServed []uint64             // [second] cumulative completions of every pod
-	pending     map[uint32]map[int32]int
-	pendingWhy  map[uint32]string // the model's overrule behind a pending write, if any
-	applySeq    uint32
+	snapCPU      [][]float64          // [pod id][second] cumulative CPU-seconds
+	snapServed   [][]uint64           // [pod id][second] cumulative completions
+	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
+	pending      map[uint32]map[int32]int
+	pendingWhy   map[uint32]string // the model's overrule behind a pending write, if any
+	applySeq     uint32
+	weightWrites int
+	weightLog    []WeightPoint
+	lastApply    float64 // when weights last reached the clients; 0 before the first write
 	// modelDistrust is the tail algorithm's distrust of its model, carried from one cycle's
-	// decision to the next as the operator carries it in status.
+	// decision to the next as the operator carries it in its planner state and status.
 	modelDistrust  float64
 	modelOverrules int
-	weightWrites   int
-	weightLog      []WeightPoint
-	lastApply      float64 // when weights last reached the clients; 0 before the first write
-	// lastObserved is the last cycle's input per pod id, kept for the re-plan when endpoints
-	// leave (see replan).
+	// lastObserved is the last cycle's input per pod id, and lastPeak its recent peak rate,
+	// kept for the re-plan when endpoints leave (see replan).
 	lastObserved map[int32]weights.Endpoint
+	lastPeak     float64
+	// snapFrom is, per pod id, the second of its first kept counters (snapCPU[id][0]).
+	snapFrom []int
+	// rateHistory is the Service's rate as each cycle of the last peakRateHorizon observed it.
+	rateHistory []rateObservation
 
 	// Peers' client-side state, per proxy.
 	peak     []peakEWMA
@@ -405,6 +411,7 @@ func (s *simulation) addPod(group int, now float64) *pod {
 	s.snapCPU = append(s.snapCPU, nil)
 	s.snapServed = append(s.snapServed, nil)
 	s.snapLatency = append(s.snapLatency, nil)
+	s.snapFrom = append(s.snapFrom, 0)
 	if w, ok := s.opts.StaticWeights[pg.Name]; ok {
 		s.weightOf[id] = w
 	} else if s.policy == PolicyCPUShare && len(s.weightOf) > 0 {
@@ -657,15 +664,15 @@ func (s *simulation) onResponse(t float64, id int32) {
 }
 
 func (s *simulation) onSnapshot(t float64) {
-	var served uint64
 	for _, p := range s.pods {
-		served += p.served
 		p.advance(t)
+		if len(s.snapCPU[p.id]) == 0 {
+			s.snapFrom[p.id] = int(t)
+		}
 		s.snapCPU[p.id] = append(s.snapCPU[p.id], p.cpu)
 		s.snapServed[p.id] = append(s.snapServed[p.id], p.served)
 		s.snapLatency[p.id] = append(s.snapLatency[p.id], p.latencies)
 	}
-	s.fleetServed = append(s.fleetServed, served)
 	if int(t)%timelineBucket == 0 {
 		s.timeline = append(s.timeline, TimelinePoint{TimeS: t, P50: s.bucketLat.quantile(0.5), P99: s.bucketLat.quantile(0.99), RPS: float64(s.bucketLat.n) / timelineBucket})
 		s.bucketLat.reset()
@@ -690,106 +697,60 @@ func (s *simulation) markWarm(t float64) {
 	}
 }
 
-// windowStats returns a pod's CPU cores, completion rate and p99 in-pod latency over the
-// controller window ending at second sec, as rate() and histogram_quantile() over a TSDB's
-// samples would.
-func (s *simulation) windowStats(p *pod, sec int) (cpu, rps, p99, span float64, buckets []weights.LatencyBucket) {
-	cpus, served := s.snapCPU[p.id], s.snapServed[p.id]
-	last := len(cpus) - 1
-	if last < 0 {
-		return 0, 0, 0, 0, nil
-	}
-	first := last - int(s.sc.Controller.Window.Seconds())
-	if first < 0 {
-		first = 0
-	}
-	// The pod's own samples start at the first snapshot after it was born.
-	startSec := int(math.Ceil(p.born))
-	bornIdx := last - (sec - startSec)
-	if bornIdx > first {
-		first = bornIdx
-	}
-	span = float64(last - first)
-	if span <= 0 {
-		return 0, 0, 0, 0, nil
-	}
-	hist := s.snapLatency[p.id]
-	p99 = hist[last].quantileSince(&hist[first], 0.99)
-	buckets = hist[last].bucketsSince(&hist[first])
-	return (cpus[last] - cpus[first]) / span, float64(served[last]-served[first]) / span, p99, span, buckets
-}
-
-// recentPeakRate is the fleet's highest completion rate, each averaged over one controller window,
-// among the windows ending in the last peakHorizon seconds: max_over_time over the summed rate.
-func (s *simulation) recentPeakRate() float64 {
-	window := int(s.sc.Controller.Window.Seconds())
-	last := len(s.fleetServed) - 1
-	peak := 0.0
-	for end := last; end >= window && end > last-peakHorizon; end-- {
-		peak = math.Max(peak, float64(s.fleetServed[end]-s.fleetServed[end-window])/float64(window))
-	}
-	return peak
-}
-
-// peakHorizon is how far back, in seconds, recentPeakRate looks.
-const peakHorizon = 600
-
 // publishedStartWeight is the weight the published operator writes for every endpoint before
 // its first cycle.
 const publishedStartWeight = 1000
 
-// minMetricsAge is how long a pod must have been scraped before its rates mean anything.
-const minMetricsAge = 15
-
 func (s *simulation) onControl(t float64) error {
-	sec := int(math.Round(t))
-	var eps []weights.Endpoint
-	var ids []int32
+	eps := make([]weights.Endpoint, 0, len(s.hosts))
+	ids := make([]int32, 0, len(s.hosts))
+	serviceRate, rateObserved := 0.0, false
 	for _, h := range s.hosts {
-		p := s.pods[h]
-		if len(s.snapCPU[h]) == 0 {
-			continue
-		}
-		cpu, rps, p99, span, buckets := s.windowStats(p, sec)
+		o := s.observe(s.pods[h], t)
 		cur := s.weightOf[h]
 		if len(s.weightOf) == 0 {
 			cur = 1 // unweighted: Envoy sees every endpoint at weight 1
 		}
 		eps = append(eps, weights.Endpoint{
-			ID:                p.name,
-			CPUCores:          cpu,
-			CPULimitCores:     p.limit,
-			RequestRate:       rps,
-			LatencyP99Seconds: p99,
-			HasMetrics:        span >= minMetricsAge,
+			ID:                s.pods[h].name,
+			CPUCores:          o.cpu,
+			CPULimitCores:     s.pods[h].limit,
+			RequestRate:       o.rps,
+			LatencyP99Seconds: o.p99,
+			HasMetrics:        o.hasMetrics,
 			CurrentWeight:     cur,
-			NodeCPUCores:      p.cores,
-			LatencyBuckets:    buckets,
+			NodeCPUCores:      s.pods[h].cores,
+			LatencyBuckets:    o.buckets,
 		})
 		ids = append(ids, h)
+		if o.rateUsable {
+			serviceRate += o.rps
+			rateObserved = true
+		}
 	}
 	s.lastObserved = make(map[int32]weights.Endpoint, len(ids))
 	for i, h := range ids {
 		s.lastObserved[h] = eps[i]
 	}
-	coverage := 1.0
-	if s.lastApply > 0 {
-		coverage = math.Min(1, (t-s.lastApply)/s.sc.Controller.Window.Seconds())
+	s.lastPeak = s.recordPeak(t, serviceRate, rateObserved)
+	in := weights.Input{
+		Endpoints:             eps,
+		WindowCoverage:        s.windowCoverage(t),
+		WindowSeconds:         s.sc.Controller.Window.Seconds(),
+		RecentPeakRequestRate: s.lastPeak,
+		ProjectedRequestRate:  s.projectedRate(),
+		ModelDistrust:         s.modelDistrust,
+	}
+	if s.opts.seeInput != nil {
+		s.opts.seeInput(t, in)
 	}
 	if os.Getenv("ALB_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "t=%.0f cov=%.2f\n", t, coverage)
+		fmt.Fprintf(os.Stderr, "t=%.0f cov=%.2f\n", t, in.WindowCoverage)
 		for _, e := range eps {
 			fmt.Fprintf(os.Stderr, "   %s rps=%.1f cpu=%.2f p99=%.1fms w=%d\n", e.ID, e.RequestRate, e.CPUCores, e.LatencyP99Seconds*1000, e.CurrentWeight)
 		}
 	}
-	d, err := weights.Compute(weights.Input{
-		Endpoints:             eps,
-		WindowCoverage:        coverage,
-		WindowSeconds:         s.sc.Controller.Window.Seconds(),
-		RecentPeakRequestRate: s.recentPeakRate(),
-		ProjectedRequestRate:  s.projectedRate(),
-		ModelDistrust:         s.modelDistrust,
-	}, *s.settings)
+	d, err := weights.Compute(in, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
 	}
@@ -814,26 +775,22 @@ func (s *simulation) onControl(t float64) error {
 	return nil
 }
 
-// projectedRate extrapolates the fleet's windowed completion rate over the last trendWindows
-// controller cycles to when the weights decided now will have been replaced: the weights.Input
-// the operator fills the same way from its rate history.
+// projectedRate extrapolates the Service's rate, as the last trendWindows cycles observed it, to
+// when the weights decided now will have been replaced: half a window (a window's average lags
+// its end), the TSDB's latency offset, the next cycle and the push. The operator fills
+// weights.Input.ProjectedRequestRate the same way from its rate history.
 func (s *simulation) projectedRate() float64 {
-	window := int(s.sc.Controller.Window.Seconds())
-	interval := int(s.sc.Controller.Interval.Seconds())
-	last := len(s.fleetServed) - 1
-	var samples []weights.RateSample
-	for k := trendWindows - 1; k >= 0; k-- {
-		end := last - k*interval
-		if end-window < 0 {
-			continue
-		}
-		samples = append(samples, weights.RateSample{EndSeconds: float64(end), Rate: float64(s.fleetServed[end]-s.fleetServed[end-window]) / float64(window)})
+	c := s.sc.Controller
+	h := s.rateHistory[max(0, len(s.rateHistory)-trendWindows):]
+	samples := make([]weights.RateSample, len(h))
+	for i, o := range h {
+		samples[i] = weights.RateSample{EndSeconds: o.at, Rate: o.rate}
 	}
-	horizon := float64(window)/2 + float64(interval) + s.sc.Controller.ApplyDelay.Seconds()
+	horizon := c.Window.Seconds()/2 + c.Metrics.LatencyOffset.Seconds() + c.Interval.Seconds() + c.ApplyDelay.Seconds()
 	return weights.ProjectRequestRate(samples, horizon)
 }
 
-// trendWindows is how many cycles' windows the rate trend is fitted over.
+// trendWindows is how many cycles' observations the rate trend is fitted over.
 const trendWindows = 3
 
 // scheduleApply counts a weight write decided at t and has it reach the clients after the apply
@@ -877,7 +834,7 @@ func (s *simulation) replan(t float64) {
 		ids = append(ids, h)
 		current = append(current, s.weightOf[h])
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.recentPeakRate(), Replan: true}, *s.settings)
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak, Replan: true}, *s.settings)
 	if err != nil || !d.Changed {
 		// An error leaves the weights as they are (the last cycle's input was accepted). An
 		// unchanged decision returns the basis, the weights of the last cycle's window: writing

@@ -204,17 +204,20 @@ func TestSteadyAfter(t *testing.T) {
 // TestRun_ReplansWhenAnEndpointLeaves: when a pod leaves between two cycles, adaptive-lb's own
 // engines re-plan the survivors' weights in the write that drops it (here one apply delay later),
 // not at the next cycle; the published operator's baseline waits for its cycle as its source does.
+// The pod leaves at 155 s: the re-plan starts from the last cycle's observation, and under the
+// default metrics lag the cycle at 150 s is the first whose window, (60 s, 120 s], was observed
+// under the first split (written at 61 s); an earlier window shows the equal weights' shares.
 func TestRun_ReplansWhenAnEndpointLeaves(t *testing.T) {
 	src := []byte(`
 name: leave
-duration: 115s
+duration: 175s
 warmup: 10s
 seed: 5
 load: {rps: 2200}
 clients: {proxies: 6, workers: 2, lb: least_request}
 controller: {interval: 30s, window: 60s, apply_delay: 1s}
 pods:
-  - {name: fast, replicas: 3, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 2ms, dist: exponential}, events: [{at: 95s, replicas: 2}]}
+  - {name: fast, replicas: 3, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 2ms, dist: exponential}, events: [{at: 155s, replicas: 2}]}
   - {name: slow, replicas: 4, workers: 8, cores: 8, cpu_limit: 2, cost: {mean: 8ms, dist: exponential}}
 `)
 	// capacity re-plans through the same path, but in this fleet its square-root split barely
@@ -233,9 +236,9 @@ pods:
 			var before, replanned *WeightPoint
 			for i := range r.Weights {
 				switch w := &r.Weights[i]; {
-				case w.TimeS < 95:
+				case w.TimeS < 155:
 					before = w
-				case w.TimeS <= 96:
+				case w.TimeS <= 156:
 					replanned = w
 				}
 			}
@@ -249,7 +252,7 @@ pods:
 				return
 			}
 			if replanned == nil {
-				t.Fatalf("no weights reached the clients within the apply delay after fast-2 left at 95 s: %+v", r.Weights)
+				t.Fatalf("no weights reached the clients within the apply delay after fast-2 left at 155 s: %+v", r.Weights)
 			}
 			if _, ok := replanned.Weights["fast-2"]; ok || len(replanned.Weights) != 6 {
 				t.Fatalf("the re-plan at %.0f s has %v; want the six survivors only", replanned.TimeS, replanned.Weights)

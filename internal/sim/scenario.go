@@ -62,6 +62,41 @@ type Controller struct {
 	Interval   Duration `json:"interval"`
 	Window     Duration `json:"window"`
 	ApplyDelay Duration `json:"apply_delay"`
+	// Metrics is the TSDB between the pods and the controller: how often it samples the pods'
+	// counters and how far in the past it answers. The defaults are a stock install's.
+	Metrics Metrics `json:"metrics"`
+}
+
+// Metrics describes how the operator's TSDB samples and delays what the controller reads
+// (docs/simulator.md, "Metrics lag"). The peers are not affected: they measure in-band.
+type Metrics struct {
+	// ScrapeInterval is how often every pod's sidecar (request counters, latency histogram) and
+	// its cAdvisor CPU counter are scraped, each pod and job at its own phase. Default
+	// DefaultScrapeInterval, or the window when that is shorter. Whole seconds.
+	ScrapeInterval Duration `json:"scrape_interval"`
+	// LatencyOffset is how far in the past the TSDB evaluates a query for "now"
+	// (VictoriaMetrics -search.latencyOffset). Default DefaultLatencyOffset; 0s for Prometheus,
+	// Thanos or Mimir.
+	LatencyOffset *Duration `json:"latency_offset,omitempty"`
+	// IngestionDelay is how long a scraped sample takes to become visible to queries. It only
+	// matters when it exceeds the latency offset. Default 0.
+	IngestionDelay Duration `json:"ingestion_delay"`
+}
+
+// Defaults of the metrics lag: a stock install. Istio's sample Prometheus configuration
+// (samples/addons/prometheus.yaml) scrapes the sidecars (job kubernetes-pods) and cAdvisor
+// (kubernetes-nodes-cadvisor) every 15 s, the interval docs/metrics.md assumes; VictoriaMetrics
+// answers a query for now as of 30 s ago (-search.latencyOffset=30s).
+const (
+	DefaultScrapeInterval = 15 * time.Second
+	DefaultLatencyOffset  = 30 * time.Second
+)
+
+// NoMetricsLag is the metrics setting of an ideal TSDB: every counter sampled every second, and
+// queries answered for the instant asked. It is how the simulator read metrics before it modelled
+// the lag, and what `--no-metrics-lag` sets for comparisons.
+func NoMetricsLag() Metrics {
+	return Metrics{ScrapeInterval: Duration{time.Second}, LatencyOffset: &Duration{0}}
 }
 
 // PodGroup is a set of identical pods.
@@ -231,6 +266,14 @@ func (s *Scenario) applyDefaults() {
 	if s.Controller.Window.Duration == 0 {
 		s.Controller.Window.Duration = 2 * s.Controller.Interval.Duration
 	}
+	if m := &s.Controller.Metrics; m.ScrapeInterval.Duration == 0 {
+		// A scenario with a window shorter than a stock scrape interval predates the lag model:
+		// scrape once per window (at least once a second) so that it still means what it did.
+		m.ScrapeInterval.Duration = max(time.Second, min(DefaultScrapeInterval, s.Controller.Window.Truncate(time.Second)))
+	}
+	if s.Controller.Metrics.LatencyOffset == nil {
+		s.Controller.Metrics.LatencyOffset = &Duration{DefaultLatencyOffset}
+	}
 	for i := range s.Pods {
 		p := &s.Pods[i]
 		if p.Workers == 0 {
@@ -316,6 +359,9 @@ func (s *Scenario) validate() error {
 	if ct.ApplyDelay.Duration < 0 || ct.ApplyDelay.Duration >= ct.Interval.Duration {
 		return bad("controller.apply_delay", "%v must be at least 0 and shorter than the interval %v", ct.ApplyDelay.Duration, ct.Interval.Duration)
 	}
+	if err := ct.Metrics.validate(ct.Window.Duration); err != nil {
+		return err
+	}
 	if len(s.Pods) == 0 {
 		return bad("pods", "at least one pod group is required")
 	}
@@ -388,6 +434,28 @@ func (s *Scenario) validate() error {
 	}
 	if total == 0 {
 		return bad("pods", "the pod groups have zero replicas in total; at least one pod is required")
+	}
+	return nil
+}
+
+// Lagless reports whether m reads metrics without lag, as NoMetricsLag does.
+func (m Metrics) Lagless() bool {
+	return m.ScrapeInterval.Duration == time.Second && (m.LatencyOffset == nil || m.LatencyOffset.Duration == 0) && m.IngestionDelay.Duration == 0
+}
+
+// validate checks the metrics lag against the controller window.
+func (m Metrics) validate(window time.Duration) error {
+	bad := func(field, format string, args ...any) error {
+		return &ScenarioError{Field: "controller.metrics." + field, Msg: fmt.Sprintf(format, args...)}
+	}
+	if si := m.ScrapeInterval.Duration; si < time.Second || si%time.Second != 0 || si > window {
+		return bad("scrape_interval", "%v must be a whole number of seconds (the simulator keeps the pods' counters once a second) from 1s to the controller window %v: a window shorter than a scrape holds no sample", si, window)
+	}
+	if lo := m.LatencyOffset.Duration; lo < 0 {
+		return bad("latency_offset", "%v must be at least 0 (0s: the TSDB answers for the instant asked, as Prometheus does; a stock VictoriaMetrics answers %v in the past)", lo, DefaultLatencyOffset)
+	}
+	if d := m.IngestionDelay.Duration; d < 0 {
+		return bad("ingestion_delay", "%v must be at least 0", d)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 const validScenario = `
@@ -68,6 +69,26 @@ func TestParseScenario_RejectsBadInputWithFieldAndAllowedValues(t *testing.T) {
 		"an empty file": {
 			yaml: "  \n", wantMsg: "the file is empty",
 		},
+		"a scrape interval that is not whole seconds": {
+			yaml:      validScenario + "controller: {metrics: {scrape_interval: 7500ms}}\n",
+			wantField: "controller.metrics.scrape_interval", wantMsg: "7.5s must be a whole number of seconds",
+		},
+		"a scrape interval longer than the window": {
+			yaml:      validScenario + "controller: {window: 20s, metrics: {scrape_interval: 30s}}\n",
+			wantField: "controller.metrics.scrape_interval", wantMsg: "from 1s to the controller window 20s",
+		},
+		"a negative latency offset": {
+			yaml:      validScenario + "controller: {metrics: {latency_offset: -30s}}\n",
+			wantField: "controller.metrics.latency_offset", wantMsg: "-30s must be at least 0 (0s: the TSDB answers for the instant asked",
+		},
+		"a negative ingestion delay": {
+			yaml:      validScenario + "controller: {metrics: {ingestion_delay: -1s}}\n",
+			wantField: "controller.metrics.ingestion_delay", wantMsg: "-1s must be at least 0",
+		},
+		"an unknown metrics field": {
+			yaml:    validScenario + "controller: {metrics: {scrape: 15s}}\n",
+			wantMsg: `unknown field "scrape"`,
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -99,6 +120,31 @@ func TestParseScenario_FillsDefaults(t *testing.T) {
 	}
 	if sc.Controller.Window.Duration != 2*sc.Controller.Interval.Duration {
 		t.Fatalf("window default %v, want twice the interval", sc.Controller.Window.Duration)
+	}
+	if m := sc.Controller.Metrics; m.ScrapeInterval.Duration != 15*time.Second || m.LatencyOffset.Duration != 30*time.Second || m.IngestionDelay.Duration != 0 {
+		t.Fatalf("metrics defaults %v / %v / %v, want a stock install's 15s scrape, 30s latency offset and no ingestion delay", m.ScrapeInterval, m.LatencyOffset, m.IngestionDelay)
+	}
+}
+
+func TestParseScenario_MetricsLag(t *testing.T) {
+	parse := func(controller string) Metrics {
+		t.Helper()
+		sc, err := ParseScenario([]byte(validScenario+"controller: "+controller+"\n"), "lag.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc.Controller.Metrics
+	}
+	// A window shorter than a stock scrape predates the lag model: scrape once per window.
+	if m := parse("{interval: 5s}"); m.ScrapeInterval.Duration != 10*time.Second {
+		t.Fatalf("a 10s window scrapes every %v, want 10s", m.ScrapeInterval)
+	}
+	// A latency offset of 0 is kept, not replaced by the default: it is how lag is turned off.
+	if m := parse("{metrics: {scrape_interval: 1s, latency_offset: 0s}}"); !m.Lagless() {
+		t.Fatalf("scrape 1s and offset 0s read %+v, want no lag", m)
+	}
+	if m := parse("{metrics: {latency_offset: 5s}}"); m.Lagless() || m.LatencyOffset.Duration != 5*time.Second || m.ScrapeInterval.Duration != 15*time.Second {
+		t.Fatalf("offset 5s alone read %+v, want it with the default 15s scrape", m)
 	}
 }
 
