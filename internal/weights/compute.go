@@ -206,7 +206,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		if !firstStep && !in.Replan {
 			verdict := checkModel(endpoints, groups, limit)
 			var overrule bool
-			distrust, overrule, reset = judgeModel(distrust, verdict, coverage >= settledCoverage && !unsettledLoad)
+			distrust, overrule, reset = judgeModel(distrust, verdict, coverage >= settledCoverage && !unsettledLoad, coverage)
 			if overrule {
 				overruled = verdict.evidence
 			}

@@ -129,6 +129,10 @@ func checkModel(endpoints []Endpoint, groups []*podGroup, limit func(Endpoint) f
 	return v
 }
 
+// hotMinCoverage is the share of the window that must lie under the current weights for a hot
+// group to be acted on before a clean window.
+const hotMinCoverage = 0.5
+
 // hotStretchRatio is how much longer, in units of its cost, a group's p99 must be than the
 // coolest group's for its latency to count as risen with its load.
 const hotStretchRatio = 2
@@ -211,10 +215,12 @@ func nextDistrust(previous float64, v modelVerdict, settled bool) float64 {
 //
 // A window that straddles a weight change, or that was measured while the load swung, holds no
 // evidence for or against the split in force, with one exception: a hot group the model still
-// trusts. That group must not wait for a clean window; the write that relieves it is then the
-// overrule, and the windows that straddle it are not judged again.
-func judgeModel(previous float64, v modelVerdict, settled bool) (distrust float64, overrule, reset bool) {
-	if !settled && !(v.hot && previous < 1) {
+// trusts, in a window observed mostly under the current weights (coverage at least
+// hotMinCoverage: with the TSDB's lag, a window can lie wholly before the last write and show
+// the split that write replaced). That group must not wait for a clean window; the write that
+// relieves it is then the overrule, and the windows that straddle it are not judged again.
+func judgeModel(previous float64, v modelVerdict, settled bool, coverage float64) (distrust float64, overrule, reset bool) {
+	if !settled && !(v.hot && previous < 1 && coverage >= hotMinCoverage) {
 		return previous, false, false
 	}
 	distrust = nextDistrust(previous, v, settled)

@@ -262,21 +262,23 @@ func TestJudgeModel(t *testing.T) {
 		previous        float64
 		v               modelVerdict
 		settled         bool
+		coverage        float64
 		distrust        float64
 		overrule, reset bool
 	}{
-		{"a hot group the model trusted resets to the capacity split", 0, hot, true, 1, true, true},
-		{"a hot group in a straddling window is relieved at once", 0.25, hot, false, 1, true, true},
-		{"a hot group after the reset, in a clean window, is corrected past the dead band", 1, hot, true, 1, true, false},
-		{"a hot group after the reset, in a straddling window, waits", 1, hot, false, 1, false, false},
-		{"an unexplained tail adds distrust", 0, mis, true, 0.5, true, false},
-		{"an unexplained tail at full distrust changes nothing", 1, mis, true, 1, false, false},
-		{"an unexplained tail in a straddling window is no evidence", 0, mis, false, 0, false, false},
-		{"a clean window that agrees takes distrust away", 0.5, calm, true, 0.25, false, false},
-		{"a straddling window that agrees changes nothing", 0.5, calm, false, 0.5, false, false},
+		{"a hot group the model trusted resets to the capacity split", 0, hot, true, 1, 1, true, true},
+		{"a hot group in a straddling window is relieved at once", 0.25, hot, false, 0.6, 1, true, true},
+		{"a hot group in a window mostly before the last write waits", 0.25, hot, false, 0.3, 0.25, false, false},
+		{"a hot group after the reset, in a clean window, is corrected past the dead band", 1, hot, true, 1, 1, true, false},
+		{"a hot group after the reset, in a straddling window, waits", 1, hot, false, 0.6, 1, false, false},
+		{"an unexplained tail adds distrust", 0, mis, true, 1, 0.5, true, false},
+		{"an unexplained tail at full distrust changes nothing", 1, mis, true, 1, 1, false, false},
+		{"an unexplained tail in a straddling window is no evidence", 0, mis, false, 0.6, 0, false, false},
+		{"a clean window that agrees takes distrust away", 0.5, calm, true, 1, 0.25, false, false},
+		{"a straddling window that agrees changes nothing", 0.5, calm, false, 0.6, 0.5, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, o, r := judgeModel(tc.previous, tc.v, tc.settled)
+			d, o, r := judgeModel(tc.previous, tc.v, tc.settled, tc.coverage)
 			if d != tc.distrust || o != tc.overrule || r != tc.reset {
 				t.Fatalf("judgeModel = (%v, %v, %v), want (%v, %v, %v)", d, o, r, tc.distrust, tc.overrule, tc.reset)
 			}
