@@ -267,6 +267,29 @@ type AdaptiveLoadBalancerStatus struct {
 	// leader continues from it instead of planning for its first cycle's rate alone.
 	// +optional
 	RecentPeak *RecentPeak `json:"recentPeak,omitempty"`
+
+	// ModelCheck is the tail algorithm's check of its latency model against what the next
+	// windows measured: how far it distrusts the model now, and when and why measurements
+	// last overruled it. A new leader continues from it. Absent while the model was never
+	// distrusted.
+	// +optional
+	ModelCheck *ModelCheck `json:"modelCheck,omitempty"`
+}
+
+// ModelCheck is the tail algorithm's standing with what it measured.
+type ModelCheck struct {
+	// Distrust is from 0 to 1: 0 follows the split the model predicts the lowest p99 for, 1 the
+	// capacity algorithm's split, which needs no latency model. It rises when a window shows a
+	// group the weights loaded to its CPU limit with its latency risen, or a tail the model
+	// cannot explain, and falls by a quarter per window that agrees with the model.
+	Distrust Decimal `json:"distrust"`
+	// LastOverrule is when measurements last overruled the model and moved the weights toward
+	// the capacity split.
+	// +optional
+	LastOverrule *metav1.Time `json:"lastOverrule,omitempty"`
+	// LastOverruleReason says which pod group disagreed with the model, and how.
+	// +optional
+	LastOverruleReason string `json:"lastOverruleReason,omitempty"`
 }
 
 // RecentPeak is one observation of a Service's total request rate.

@@ -52,6 +52,8 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64) (metricsCond, weights
 		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonDeferred
 	case o.Fallback:
 		weightsCond.Reason = adlbv1.ReasonFallback
+	case o.Decision.ModelOverruled != "" && o.Action == cycle.ActionWrite:
+		weightsCond.Reason = adlbv1.ReasonModelOverruled
 	case o.Action == cycle.ActionHold:
 		weightsCond.Message = fmt.Sprintf("last weights held while metrics are unavailable (for up to %s)", d.observed.HoldTime)
 	case o.Action == cycle.ActionDryRun:
