@@ -359,6 +359,11 @@ func (in *TailParameters) DeepCopyInto(out *TailParameters) {
 		*out = new(Decimal)
 		**out = **in
 	}
+	if in.SurgeFactor != nil {
+		in, out := &in.SurgeFactor, &out.SurgeFactor
+		*out = new(Decimal)
+		**out = **in
+	}
 	if in.MinPodRate != nil {
 		in, out := &in.MinPodRate, &out.MinPodRate
 		*out = new(Decimal)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
-	"os"
 	"sort"
 	"strings"
 
@@ -744,12 +743,6 @@ func (s *simulation) onControl(t float64) error {
 	if s.opts.seeInput != nil {
 		s.opts.seeInput(t, in)
 	}
-	if os.Getenv("ALB_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "t=%.0f cov=%.2f\n", t, in.WindowCoverage)
-		for _, e := range eps {
-			fmt.Fprintf(os.Stderr, "   %s rps=%.1f cpu=%.2f p99=%.1fms w=%d\n", e.ID, e.RequestRate, e.CPUCores, e.LatencyP99Seconds*1000, e.CurrentWeight)
-		}
-	}
 	d, err := weights.Compute(in, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
@@ -757,9 +750,6 @@ func (s *simulation) onControl(t float64) error {
 	s.modelDistrust = d.ModelDistrust
 	if d.ModelOverruled != "" {
 		s.modelOverrules++
-	}
-	if os.Getenv("ALB_DEBUG") != "" {
-		fmt.Fprintf(os.Stderr, "  -> changed=%v %s\n", d.Changed, d.Reason)
 	}
 	if !d.Changed {
 		return nil

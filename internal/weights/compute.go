@@ -42,6 +42,10 @@ const writeGainTolerance = 0.02
 // settledCoverage is the window coverage from which observed shares reflect the current weights.
 const settledCoverage = 0.9
 
+// overloadMinCoverage is the window coverage from which an overloaded endpoint's weight is cut
+// before a settled window: most of the window shows the weights now in force.
+const overloadMinCoverage = 0.5
+
 // settledLoadFraction is the fraction of the recent peak request rate from which the tail
 // algorithm treats the load as settled.
 const settledLoadFraction = 0.8
@@ -182,8 +186,8 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			totalRate += ep.RequestRate
 		}
 	}
-	capacityShare := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
-	share := capacityShare
+	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
+	capacityShare := share
 	shareReason := ReasonCapacity
 	unsettledLoad := false
 	var predictQuantile func([]float64) float64
@@ -192,6 +196,10 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 	// to carry on, and the evidence when the measurement overrules the model now.
 	distrust, overruled, reset := 0.0, "", false
 	if s.Algorithm == AlgorithmTail {
+		// The split a distrusted model gives way to: the capacity algorithm's, planned for at
+		// least its own margin over the window's rate (tail plans with none) and for the load
+		// the tail algorithm plans for (the recent peak and a rising rate's projection).
+		capacityShare = targetShares(capacity, ok, math.Max(DefaultSettings(AlgorithmCapacity).Capacity.PlanningLoadFactor*totalRate, planningLoad(in, totalRate, s)))
 		groups, ts, predict, found := tailShares(in, ok, limit, totalRate, s)
 		if found {
 			share, shareReason = ts, ReasonTail
@@ -210,7 +218,6 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			if overrule {
 				overruled = verdict.evidence
 			}
-			debugf("  verdict hot=%v mis=%v distrust=%.2f overrule=%v reset=%v %s\n", verdict.hot, verdict.mispredicted, distrust, overrule, reset, verdict.evidence)
 		}
 		if distrust > 0 {
 			share = blendTowardCapacity(share, capacityShare, ok, distrust)
@@ -223,7 +230,11 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled, ModelDistrust: distrust}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
-			if overloaded[i] {
+			// The cut waits for no clean window, but for one mostly under the current weights:
+			// a window that predates the last write (the TSDB answers in the past) shows the
+			// queue the write may already have relieved, and cutting again on it would halve a
+			// weight once per cycle for one overload.
+			if overloaded[i] && coverage >= overloadMinCoverage {
 				d.Endpoints[i] = Result{ID: ep.ID, Weight: cutOverloaded(ep.CurrentWeight, s), Reason: ReasonOverloaded}
 				d.Reason = "an overloaded endpoint's weight halved; the others kept until a clean window"
 			}
@@ -347,11 +358,9 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		// out now, whatever the dead band and the gain gate would hold back.
 		d.ModelOverruled = overruled
 		d.Reason = "model overruled by measurement (" + overruled + "): weights moved toward the capacity split"
-		debugf("  decision: %s\n", d.Reason)
 		return d
 	}
 	applyDeadBand(endpoints, &d, p.DeadBand)
-	debugf("  decision: %s\n", d.Reason)
 	// A re-plan rides on the mirror's write that drops the departed endpoints, so it costs no
 	// push of its own: the gate, which saves pushes, does not hold it back (under the seed-5 run
 	// of fast-pod-dies it did, and the survivors stayed overloaded until the next cycle).

@@ -97,12 +97,17 @@ func checkModel(endpoints []Endpoint, groups []*podGroup, limit func(Endpoint) f
 	hottest := -1
 	for gi, g := range groups {
 		u := loads[gi].cpu / loads[gi].limit
-		if u < hotUtilization || u < fleetUtilization+hotExcess || (hottest >= 0 && u <= loads[hottest].cpu/loads[hottest].limit) {
+		stretch := groupStretch(endpoints, g)
+		// Near its limit, or queueing so hard that the window's average CPU must understate
+		// its load now (a load that rose within the window: a flash crowd seen through a
+		// lagging TSDB).
+		near := u >= hotUtilization || stretch >= severeStretch
+		if !near || u < fleetUtilization+hotExcess || (hottest >= 0 && u <= loads[hottest].cpu/loads[hottest].limit) {
 			continue
 		}
-		// Near its limit, and its latency shows it: a queue stretches its p99 beyond what the
-		// coolest group's shows for its cost. Small, even requests queue little even at 92%.
-		if coolest >= 0 && coolest != gi && groupStretch(endpoints, g) >= hotStretchRatio*groupStretch(endpoints, groups[coolest]) {
+		// And its latency shows it: a queue stretches its p99 beyond what the coolest group's
+		// shows for its cost. Small, even requests queue little even at 92%.
+		if coolest >= 0 && coolest != gi && stretch >= hotStretchRatio*groupStretch(endpoints, groups[coolest]) {
 			hottest = gi
 		}
 	}
@@ -130,12 +135,17 @@ func checkModel(endpoints []Endpoint, groups []*podGroup, limit func(Endpoint) f
 }
 
 // hotMinCoverage is the share of the window that must lie under the current weights for a hot
-// group to be acted on before a clean window.
-const hotMinCoverage = 0.5
+// group to be acted on before a clean window (as for an overloaded endpoint's cut).
+const hotMinCoverage = overloadMinCoverage
 
 // hotStretchRatio is how much longer, in units of its cost, a group's p99 must be than the
 // coolest group's for its latency to count as risen with its load.
 const hotStretchRatio = 2
+
+// severeStretch is the p99, in units of a group's own cost per request, beyond which a group
+// counts as at its limit whatever its average CPU over the window: even a request-size CV of 1.5
+// under CFS throttling keeps the p99 within about ten costs; fifty is a queue.
+const severeStretch = 50
 
 // groupStretch is the group's mean p99 latency in units of its cost per request; 0 when no
 // member reports a p99.

@@ -200,19 +200,20 @@ func TestTail_NeverPlansAGroupAboveItsUtilizationCap(t *testing.T) {
 }
 
 func TestTail_ATailTheModelCannotExplainOverrulesIt(t *testing.T) {
-	// A calm fleet, but the slow class reports 10% of its requests slower than 250 ms: far more
-	// than any calibration of its model explains at 40% of its limit.
+	// A calm fleet, but the slow class, loaded a little above the fleet's mean, reports 10% of its
+	// requests slower than 250 ms: far more than any calibration of its model explains at 50% of
+	// its limit.
 	var eps []Endpoint
 	for i := 0; i < 6; i++ {
 		eps = append(eps, ep(fmt.Sprintf("fast-%d", i), 160*0.005, 160, 2, 200, onNode(8)))
 	}
 	for i := 0; i < 6; i++ {
-		e := ep(fmt.Sprintf("slow-%d", i), 80*0.010, 80, 2, 100, onNode(8))
-		n := 80.0 * 60
+		e := ep(fmt.Sprintf("slow-%d", i), 100*0.010, 100, 2, 100, onNode(8))
+		n := 100.0 * 60
 		e.LatencyBuckets = []LatencyBucket{{UpperBoundSeconds: 0.01, Count: 0.5 * n}, {UpperBoundSeconds: 0.025, Count: 0.8 * n}, {UpperBoundSeconds: 0.05, Count: 0.85 * n}, {UpperBoundSeconds: 0.1, Count: 0.88 * n}, {UpperBoundSeconds: 0.25, Count: 0.9 * n}, {UpperBoundSeconds: 1, Count: n}, {UpperBoundSeconds: math.Inf(1), Count: n}}
 		eps = append(eps, e)
 	}
-	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 1440}, DefaultSettings(AlgorithmTail))
+	d, err := Compute(Input{Endpoints: eps, WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 1560}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +313,7 @@ func TestProjectRequestRate(t *testing.T) {
 }
 
 func TestTail_PlansForTheProjectedRate(t *testing.T) {
-	s := DefaultSettings(AlgorithmTail)
+	s := noSurgeBound()
 	now, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)

@@ -66,7 +66,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		lo[gi] = math.Min(p.MinPodRate, minPodShareOfMean*load/float64(countTrue(ok))) * n / load
 		floors += lo[gi]
 		byUtilization := utilizationCeiling(in.Endpoints, g, limit, maxUtilization, load/totalRate) * g.capacity * n / load
-		byCapacity := p.MaxShareRatio * g.capacity * n / fleetCapacity
+		byCapacity := shareRatioCeiling(p, load/fleetCapacity) * g.capacity * n / fleetCapacity
 		hi[gi] = math.Max(lo[gi], math.Min(byUtilization, byCapacity))
 	}
 	var ceilings float64
@@ -85,12 +85,6 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	budget := 1 - p.Quantile // the mass allowed above the quantile
 	search := newSplitSearch(groups, lo, hi, load, budget)
 	split, tHi, found := search.search(capacitySplit)
-	if debugOn {
-		for gi, g := range groups {
-			debugf("  group %d n=%d cost=%.2fms cap=%.0f scale=%.2f cv?=%v lo=%.3f hi=%.3f capsplit=%.3f\n", gi, len(g.members), g.cost*1000, g.capacity, g.loadScale, g.model == nil, lo[gi], hi[gi], capacitySplit[gi])
-		}
-		debugf("  load=%.0f total=%.0f peak=%.0f found=%v split=%v tHi=%.4f\n", load, totalRate, in.RecentPeakRequestRate, found, split, tHi)
-	}
 	if !found {
 		return groups, nil, nil, false
 	}
@@ -146,6 +140,19 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		}
 	}
 	return groups, shares, predict, true
+}
+
+// shareRatioCeiling is the most a group's share may exceed its share of the fleet's capacity,
+// for a fleet planned at utilization u: MaxShareRatio, or less so that a surge of the load to
+// SurgeFactor times the planning load (up to the whole fleet's capacity) would load no group
+// beyond its limit. The weights stay as they are until the controller sees the surge, a
+// window and the TSDB's lag later, and Envoy's least-request cannot shed a fast pod's excess
+// across weights hundreds of times apart: a split that a surge overloads queues for that long.
+func shareRatioCeiling(p TailParams, u float64) float64 {
+	if p.SurgeFactor <= 1 || !(u > 0) {
+		return p.MaxShareRatio
+	}
+	return math.Max(1, math.Min(p.MaxShareRatio, 1/math.Min(1, p.SurgeFactor*u)))
 }
 
 // explorationStep is how far beyond the utilization it has been measured at a group may be
