@@ -186,6 +186,14 @@ type TailParameters struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'maxShareRatio must be a decimal of at least 1, such as 3; got ' + self"
 	MaxShareRatio *Decimal `json:"maxShareRatio,omitempty"`
+	// SurgeFactor is the rise of the load, over the planning load, that the split must carry
+	// without loading any group beyond its CPU limit before the operator has measured it (a
+	// window and the TSDB's lag later). It narrows the split at low load, where it would
+	// otherwise lean hardest on the fastest pods. At least 1; 1 turns the bound off and trades
+	// robustness to sudden load for a lower tail at steady low load. Default 2.5.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'surgeFactor must be a decimal of at least 1, such as 2.5 (1 turns the surge bound off); got ' + self"
+	SurgeFactor *Decimal `json:"surgeFactor,omitempty"`
 	// MinPodRate is the request rate (per second) every pod keeps so that it stays measurable.
 	// Default 1.
 	// +optional
@@ -267,6 +275,29 @@ type AdaptiveLoadBalancerStatus struct {
 	// leader continues from it instead of planning for its first cycle's rate alone.
 	// +optional
 	RecentPeak *RecentPeak `json:"recentPeak,omitempty"`
+
+	// ModelCheck is the tail algorithm's check of its latency model against what the next
+	// windows measured: how far it distrusts the model now, and when and why measurements
+	// last overruled it. A new leader continues from it. Absent while the model was never
+	// distrusted.
+	// +optional
+	ModelCheck *ModelCheck `json:"modelCheck,omitempty"`
+}
+
+// ModelCheck is the tail algorithm's standing with what it measured.
+type ModelCheck struct {
+	// Distrust is from 0 to 1: 0 follows the split the model predicts the lowest p99 for, 1 the
+	// capacity algorithm's split, which needs no latency model. It rises when a window shows a
+	// group the weights loaded to its CPU limit with its latency risen, or a tail the model
+	// cannot explain, and falls by a quarter per window that agrees with the model.
+	Distrust Decimal `json:"distrust"`
+	// LastOverrule is when measurements last overruled the model and moved the weights toward
+	// the capacity split.
+	// +optional
+	LastOverrule *metav1.Time `json:"lastOverrule,omitempty"`
+	// LastOverruleReason says which pod group disagreed with the model, and how.
+	// +optional
+	LastOverruleReason string `json:"lastOverruleReason,omitempty"`
 }
 
 // RecentPeak is one observation of a Service's total request rate.

@@ -91,6 +91,10 @@ const (
 	ReasonFallback = "FallbackToEqualWeights"
 	// ReasonDeferred: a weight write waits for the cluster-wide write budget.
 	ReasonDeferred = "Deferred"
+	// ReasonModelOverruled: the tail algorithm's measurements overruled its latency model (a
+	// group the weights loaded to its CPU limit, or a tail the model cannot explain); the
+	// weights written move toward the capacity split.
+	ReasonModelOverruled = "ModelOverruled"
 	// ReasonNoServiceEntry: there is no ServiceEntry to weight (see EndpointsMirrored).
 	ReasonNoServiceEntry = "NoServiceEntry"
 	// ReasonMetricsStale: the TSDB answered, but every pod's newest sample is older than twice

@@ -8,6 +8,7 @@ type CycleMetrics struct {
 	EstimatedPushes  prometheus.Counter
 	LastSuccess      prometheus.Gauge
 	DeferredServices prometheus.Gauge
+	ModelOverrules   prometheus.Counter
 }
 
 // NewCycleMetrics registers the weight cycle's metrics with reg.
@@ -30,10 +31,15 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 			Name: "adaptivelb_weight_writes_deferred",
 			Help: "Services whose weight write waits for the next cycle's budget.",
 		}),
+		ModelOverrules: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "adaptivelb_model_overrules_total",
+			Help: "Weight writes that moved a Service toward the capacity split because measurements overruled the tail algorithm's latency model (a pod group the weights loaded to its CPU limit, or a tail the model cannot explain).",
+		}),
 	}
 	m.CycleDuration = register(reg, m.CycleDuration)
 	m.EstimatedPushes = register(reg, m.EstimatedPushes)
 	m.LastSuccess = register(reg, m.LastSuccess)
 	m.DeferredServices = register(reg, m.DeferredServices)
+	m.ModelOverrules = register(reg, m.ModelOverrules)
 	return m
 }

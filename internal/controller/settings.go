@@ -63,6 +63,7 @@ func EngineSettings(alb *adlbv1.AdaptiveLoadBalancer) (weights.Settings, error) 
 			decimalField{"spec.tail.maxUtilization", c.MaxUtilization, &s.Tail.MaxUtilization},
 			decimalField{"spec.tail.burstMargin", c.BurstMargin, &s.Tail.BurstMargin},
 			decimalField{"spec.tail.maxShareRatio", c.MaxShareRatio, &s.Tail.MaxShareRatio},
+			decimalField{"spec.tail.surgeFactor", c.SurgeFactor, &s.Tail.SurgeFactor},
 			decimalField{"spec.tail.minPodRate", c.MinPodRate, &s.Tail.MinPodRate})
 	}
 	if c := alb.Spec.CPUDistance; c != nil {

@@ -63,6 +63,8 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64, prevMetricsReason str
 		weightsCond.Reason = adlbv1.ReasonFallback
 	case awaiting:
 		weightsCond.Reason, weightsCond.Message = adlbv1.ReasonEqualWeights, "no usable metrics yet: the endpoints keep the weights the mirror gave them (equal for a new Service) until metrics arrive"
+	case o.Decision.ModelOverruled != "" && o.Action == cycle.ActionWrite:
+		weightsCond.Reason = adlbv1.ReasonModelOverruled
 	case o.Action == cycle.ActionHold:
 		weightsCond.Message = fmt.Sprintf("last weights held while metrics are unavailable (for up to %s)", d.observed.HoldTime)
 	case o.Action == cycle.ActionDryRun:

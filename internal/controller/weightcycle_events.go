@@ -19,6 +19,7 @@ const (
 	EventWeightsShifted   = "WeightsShifted"
 	EventFallback         = adlbv1.ReasonFallback
 	EventMetricsRecovered = "MetricsRecovered"
+	EventModelOverruled   = adlbv1.ReasonModelOverruled
 )
 
 // largeShift is the weight move, in log space, from which an Event is recorded (a factor 2).
@@ -36,7 +37,12 @@ func (w *WeightCycle) tell(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer
 		logger.Error(d.writeErr, "weight write failed; the ServiceEntry keeps its weights and the next cycle retries")
 		w.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonWriteFailed, shorten("weight write failed: "+d.writeErr.Error(), 1000))
 	case o.Action == cycle.ActionWrite:
-		logger.Info("weights written", "reason", o.Reason, "endpoints", len(o.Decision.Endpoints), "largestChangeFactor", strconv.FormatFloat(math.Exp(o.Need), 'f', 2, 64), "fallback", o.Fallback)
+		logger.Info("weights written", "reason", o.Reason, "endpoints", len(o.Decision.Endpoints), "largestChangeFactor", strconv.FormatFloat(math.Exp(o.Need), 'f', 2, 64), "fallback", o.Fallback,
+			"modelDistrust", o.Decision.ModelDistrust, "modelOverruled", o.Decision.ModelOverruled)
+		if o.Decision.ModelOverruled != "" {
+			w.Cycle.ModelOverrules.Inc()
+			w.Recorder.Event(alb, corev1.EventTypeNormal, EventModelOverruled, shorten("measurements overruled the latency model: "+o.Decision.ModelOverruled+"; weights moved toward the capacity split", 1000))
+		}
 	}
 	if metricsCond.Reason != oldMetrics.Reason {
 		switch metricsCond.Reason {

@@ -39,7 +39,46 @@ type metricsHealth struct {
 	// histogramFailure is the failure of the latency-histogram query, when it failed for the
 	// Service's pods: the engine does without the histograms.
 	histogramFailure error
+	// dataEnd is when the window the TSDB answered for ends (see dueTarget.dataEnd).
+	dataEnd time.Time
 }
+
+// dataEnd is when the metrics window the TSDB answered for ends: the newest raw sample behind
+// any pod's request rate, or now when none says. A TSDB that answers in the past
+// (VictoriaMetrics' -search.latencyOffset, 30 s by default) evaluates the queries sent now as of
+// that long ago, so the window is (dataEnd - window, dataEnd], not (now - window, now]: a
+// write made after dataEnd is not in it at all.
+func (d *dueTarget) dataEnd(now time.Time, res fetchResult) time.Time {
+	var end time.Time
+	for _, ip := range d.podOrder {
+		pod, ok := d.pods[ip]
+		if !ok {
+			continue
+		}
+		o, found := res.observations[observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}]
+		if ts := o.RequestRate.Timestamp; found && o.RequestRate.Present && ts.After(end) {
+			end = ts
+		}
+	}
+	if end.IsZero() || end.After(now) {
+		return now
+	}
+	return end
+}
+
+// windowCoverage is the fraction of the window ending at dataEnd that lies after the last
+// weight write: the part of the observation made under the weights now in force. The engine
+// reads 0 as unknown (and treats it as 1), so a window wholly before the write gets the smallest
+// positive fraction instead.
+func windowCoverage(dataEnd, lastWrite time.Time, window time.Duration) float64 {
+	if lastWrite.IsZero() {
+		return 1
+	}
+	return math.Max(minWindowCoverage, math.Min(1, dataEnd.Sub(lastWrite).Seconds()/window.Seconds()))
+}
+
+// minWindowCoverage stands for "nothing of the window was observed under the current weights".
+const minWindowCoverage = 1e-9
 
 // minMembershipShare is the share of the metrics window an endpoint must have spent in the
 // ServiceEntry for its signals to count; below it the endpoint is treated as without metrics.
@@ -72,11 +111,8 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 	}
 	window := 2 * d.interval
 	t.WindowSeconds = window.Seconds()
-	t.WindowCoverage = 1
-	if !d.lastWrite.IsZero() {
-		t.WindowCoverage = math.Min(1, now.Sub(d.lastWrite).Seconds()/window.Seconds())
-	}
-	h := metricsHealth{threshold: 2 * d.interval}
+	h := metricsHealth{threshold: 2 * d.interval, dataEnd: d.dataEnd(now, res)}
+	t.WindowCoverage = windowCoverage(h.dataEnd, d.lastWrite, window)
 	seen := map[string]bool{}
 	note := func(err error) {
 		if err == nil {
@@ -166,7 +202,7 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		// Only the time in the ServiceEntry counts: a pod out of it for part of the window
 		// (readiness flapping, just joined) served nothing then, which is no sign of spare
 		// capacity. Its rates are taken over its time in; too little time in says too little.
-		inWindow := membership.Share(d.key, ip, now.Add(-window), now)
+		inWindow := membership.Share(d.key, ip, h.dataEnd.Add(-window), h.dataEnd)
 		if inWindow < 1 && inWindow >= minMembershipShare {
 			ep.CPUCores, ep.RequestRate, ep.ErrorRate = ep.CPUCores/inWindow, ep.RequestRate/inWindow, ep.ErrorRate/inWindow
 		}

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 // rateObservation is the Service's total request rate one cycle observed.
@@ -53,6 +54,30 @@ func (w *WeightCycle) recentPeak(key types.NamespacedName, now time.Time, rate f
 		peak = max(peak, o.rate)
 	}
 	return peak
+}
+
+// trendCycles is how many cycles' rates the Service's rate trend is fitted over.
+const trendCycles = 3
+
+// pushDelay is how long a weight write takes to reach the proxies (istiod's debounce and push),
+// for the projection's horizon.
+const pushDelay = time.Second
+
+// projectedRate extrapolates the Service's rate, as the last trendCycles cycles observed it, to
+// when the weights decided now will have been replaced: half a window (a window's average lags
+// its end), how far in the past the TSDB answered (lag), the next cycle and the push. The
+// simulator's controller does the same. 0 (unknown) with fewer than two observations. The
+// cycle holds w.mu.
+func (w *WeightCycle) projectedRate(key types.NamespacedName, lag, interval time.Duration) float64 {
+	h := w.rateHistory[key]
+	h = h[max(0, len(h)-trendCycles):]
+	samples := make([]weights.RateSample, len(h))
+	for i, o := range h {
+		samples[i] = weights.RateSample{EndSeconds: float64(o.at.UnixMilli()) / 1000, Rate: o.rate}
+	}
+	window := 2 * interval
+	horizon := window/2 + max(0, lag) + interval + pushDelay
+	return weights.ProjectRequestRate(samples, horizon.Seconds())
 }
 
 // peakObservation is the highest rate in key's history (the latest of equal ones). The cycle

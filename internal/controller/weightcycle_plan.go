@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strconv"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -17,6 +18,13 @@ import (
 // awaiting its first metrics holds from its creation.
 func seedState(alb *adlbv1.AdaptiveLoadBalancer, now time.Time, interval time.Duration) cycle.State {
 	var st cycle.State
+	// The tail algorithm's distrust of its model: a new leader must not plan from a model the
+	// previous one had just found at fault.
+	if mc := alb.Status.ModelCheck; mc != nil {
+		if v, err := strconv.ParseFloat(string(mc.Distrust), 64); err == nil && v > 0 && v <= 1 {
+			st.ModelDistrust = v
+		}
+	}
 	if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionWeightsApplied); c != nil && c.Reason == adlbv1.ReasonFallback {
 		st.FallenBack = true
 		return st
@@ -54,6 +62,7 @@ func (w *WeightCycle) evaluate(start time.Time, due []*dueTarget, batches map[ti
 			w.seedPeak(d.key, d.alb, start)
 		}
 		d.observed.RecentPeakRequestRate = w.recentPeak(d.key, start, d.serviceRate, d.health.rateObserved)
+		d.observed.ProjectedRequestRate = w.projectedRate(d.key, start.Sub(d.health.dataEnd), d.interval)
 		d.peak, d.hasPeak = w.peakObservation(d.key)
 		report.Inputs[d.key] = d.observed
 	}

@@ -61,12 +61,38 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		if p := recentPeakStatus(d.peak, d.hasPeak); p != nil {
 			alb.Status.RecentPeak = p
 		}
+		alb.Status.ModelCheck = modelCheckStatus(alb.Status.ModelCheck, o, applied, now)
 		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
 		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
 	}
 	_, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate)
 	w.tell(ctx, alb, d, o, oldMetrics, metricsCond)
 	return err
+}
+
+// modelCheckStatus is status.modelCheck after the cycle's outcome o: the distrust the planner
+// carries on, and the overrule when its write went out (a write that failed relieved nothing).
+// It stays absent while the model was never distrusted, and is kept as it is when the engine did
+// not decide (held or failed metrics, an engine error).
+func modelCheckStatus(old *adlbv1.ModelCheck, o cycle.Outcome, applied bool, now time.Time) *adlbv1.ModelCheck {
+	if o.Err != nil || o.Action == cycle.ActionHold || o.Fallback {
+		return old
+	}
+	distrust := o.Decision.ModelDistrust
+	overruled := o.Decision.ModelOverruled != "" && applied
+	if old == nil && distrust == 0 && !overruled {
+		return nil
+	}
+	mc := &adlbv1.ModelCheck{}
+	if old != nil {
+		mc = old.DeepCopy()
+	}
+	mc.Distrust = adlbv1.Decimal(strconv.FormatFloat(distrust, 'f', 2, 64))
+	if overruled {
+		t := metav1.NewTime(now)
+		mc.LastOverrule, mc.LastOverruleReason = &t, shorten(o.Decision.ModelOverruled, 300)
+	}
+	return mc
 }
 
 // setEndpoints writes the cycle's part of each endpoint's status: its reason and signals, and

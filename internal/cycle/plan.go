@@ -60,6 +60,9 @@ type Target struct {
 	Known map[string]bool
 	// Replan: the endpoint set shrank since these observations were made; see weights.Input.Replan.
 	Replan bool
+	// ProjectedRequestRate is the Service's rate expected by the time the next cycle's weights
+	// take over (0: unknown); see weights.Input.ProjectedRequestRate.
+	ProjectedRequestRate float64
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -70,6 +73,9 @@ type State struct {
 	FallenBack bool
 	// DeferredSince is when a needed write was first deferred by the budget; zero if none is pending.
 	DeferredSince time.Time
+	// ModelDistrust is the tail algorithm's distrust of its model after the last decision
+	// (weights.Decision.ModelDistrust), carried into the next one.
+	ModelDistrust float64
 }
 
 // Outcome is the plan for one target.
@@ -152,9 +158,19 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Reason = fmt.Sprintf("metrics unavailable for longer than the hold time %s: weights reset to equal: %v", t.HoldTime, t.MetricsErr)
 		st.FallenBack = true
 	} else {
-		if !decideWith(&out, weights.Input{Endpoints: t.Endpoints, WindowCoverage: t.WindowCoverage, WindowSeconds: t.WindowSeconds, RecentPeakRequestRate: t.RecentPeakRequestRate, Replan: t.Replan}, t.Settings) {
+		in := weights.Input{
+			Endpoints:             t.Endpoints,
+			WindowCoverage:        t.WindowCoverage,
+			WindowSeconds:         t.WindowSeconds,
+			RecentPeakRequestRate: t.RecentPeakRequestRate,
+			Replan:                t.Replan,
+			ProjectedRequestRate:  t.ProjectedRequestRate,
+			ModelDistrust:         st.ModelDistrust,
+		}
+		if !decideWith(&out, in, t.Settings) {
 			return out, st
 		}
+		st.ModelDistrust = out.Decision.ModelDistrust
 		keepWithoutMetrics(&out.Decision, t)
 		out.Recovered = st.FallenBack
 		out.Reason = out.Decision.Reason
@@ -284,14 +300,21 @@ func need(eps []weights.Endpoint, d weights.Decision) float64 {
 	return n
 }
 
+// urgent reports whether a write moves toward safe weights and so must never wait for the budget:
+// a fallback to equal weights, or weights moved toward the capacity split because the
+// measurements overruled the tail algorithm's model (a group the weights loaded to its limit).
+func (o Outcome) urgent() bool { return o.Fallback || o.Decision.ModelOverruled != "" }
+
 // applyBudget keeps the budget's worth of writes, chosen by priority, and defers the rest.
-// Order: fallbacks first (they restore safe weights), then writes carried over from earlier
+// Order: urgent writes first (they restore safe weights), then writes carried over from earlier
 // cycles, oldest first, so nothing starves behind Services that keep moving; then the largest
 // need; then the key, so the choice is deterministic. A fallback is never deferred: it fails
 // open, the safe direction, and deferring it would keep weights computed from metrics that are
 // gone (at 10,000 Services and a budget of 50 per 5 s tick, a cluster-wide metrics outage would
-// take 17 minutes beyond the hold time to reach the last Service). Fallbacks count against the
-// budget; the other writes get what they leave.
+// take 17 minutes beyond the hold time to reach the last Service). Nor is a write that relieves a
+// group the measurements found at its CPU limit (weights.Decision.ModelOverruled): the budget
+// must not leave pods throttled that the weights loaded. Urgent writes count against the budget;
+// the other writes get what they leave.
 func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map[string]State, budget int) {
 	var writes []int
 	for i, o := range outs {
@@ -307,8 +330,8 @@ func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map
 	}
 	sort.SliceStable(writes, func(a, b int) bool {
 		oa, ob := outs[writes[a]], outs[writes[b]]
-		if oa.Fallback != ob.Fallback {
-			return oa.Fallback
+		if oa.urgent() != ob.urgent() {
+			return oa.urgent()
 		}
 		if sa, sb := since(writes[a]), since(writes[b]); !sa.Equal(sb) {
 			return sa.Before(sb)
@@ -321,7 +344,7 @@ func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map
 	for rank, i := range writes {
 		key := targets[i].Key
 		st := next[key]
-		if budget > 0 && rank >= budget && !outs[i].Fallback {
+		if budget > 0 && rank >= budget && !outs[i].urgent() {
 			outs[i].Action = ActionDeferred
 			outs[i].Reason = fmt.Sprintf("write budget of %d per cycle spent; carried over to the next cycle (%s)", budget, outs[i].Reason)
 			if st.DeferredSince.IsZero() {

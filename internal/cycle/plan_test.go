@@ -388,3 +388,46 @@ func TestPlan_AClusterWideOutageFailsOpenInOneCycle(t *testing.T) {
 		t.Fatalf("%d of %d Services fail open in the first cycle after the hold time", writes, services)
 	}
 }
+
+// hotTarget is a tail target whose fast pods the weights loaded to 98% of their limit, with a
+// p99 forty times their cost, while the slow pods run at 75% with a p99 of three times theirs.
+func hotTarget(key string) Target {
+	var eps []weights.Endpoint
+	for i := range 6 {
+		eps = append(eps, weights.Endpoint{ID: fmt.Sprintf("fast-%d", i), CPUCores: 1.95, RequestRate: 390, CPULimitCores: 2, NodeCPUCores: 8, HasMetrics: true, CurrentWeight: 200, LatencyP99Seconds: 0.2})
+		eps = append(eps, weights.Endpoint{ID: fmt.Sprintf("slow-%d", i), CPUCores: 1.5, RequestRate: 150, CPULimitCores: 2, NodeCPUCores: 8, HasMetrics: true, CurrentWeight: 50, LatencyP99Seconds: 0.03})
+	}
+	return Target{Key: key, Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmTail), HoldTime: 5 * interval, WindowCoverage: 1, WindowSeconds: 60, RecentPeakRequestRate: 3240}
+}
+
+func TestPlan_AnOverruledModelsReliefJumpsTheBudget(t *testing.T) {
+	targets := []Target{target("ns/a-adapting", skewed(100, 100, 100)), target("ns/b-adapting", skewed(100, 100, 100)), hotTarget("ns/z-hot")}
+	outs, next := Plan(t0, targets, map[string]State{}, 1)
+	hot := outs[2]
+	if hot.Action != ActionWrite || hot.Decision.ModelOverruled == "" {
+		t.Fatalf("%s: %s (overruled %q): the relief of a group at its limit must be written whatever the budget: %s", hot.Key, hot.Action, hot.Decision.ModelOverruled, hot.Reason)
+	}
+	if next[hot.Key].ModelDistrust != 1 {
+		t.Fatalf("state after the overrule: %+v, want ModelDistrust 1 carried to the next cycle", next[hot.Key])
+	}
+	for _, o := range outs[:2] {
+		if o.Action != ActionDeferred {
+			t.Errorf("%s: %s, want Deferred: the relief spent the budget of 1 (%s)", o.Key, o.Action, o.Reason)
+		}
+	}
+}
+
+func TestPlan_TheModelsDistrustIsCarriedIntoTheNextDecision(t *testing.T) {
+	// A calm window after an overrule: the distrust the planner remembered fades by one step,
+	// instead of starting again from full trust.
+	tg := hotTarget("ns/calm")
+	for i := range tg.Endpoints {
+		e := &tg.Endpoints[i]
+		e.CPUCores, e.RequestRate, e.LatencyP99Seconds = e.CPUCores/2, e.RequestRate/2, 0.02
+	}
+	tg.RecentPeakRequestRate = 1620 // a settled load
+	_, next := Plan(t0, []Target{tg}, map[string]State{tg.Key: {LastGoodMetrics: t0.Add(-interval), ModelDistrust: 1}}, 0)
+	if got := next[tg.Key].ModelDistrust; got != 0.75 {
+		t.Fatalf("ModelDistrust after a calm window = %v, want 0.75", got)
+	}
+}

@@ -13,7 +13,9 @@ type Result struct {
 	TotalCPU     float64     `json:"total_cpu"`
 	Requests     int64       `json:"requests"`
 	WeightWrites int         `json:"weight_writes"`
-	Pods         []PodResult `json:"pods"`
+	// ModelOverrules counts the cycles whose measurements overruled the tail algorithm's model.
+	ModelOverrules int         `json:"model_overrules,omitempty"`
+	Pods           []PodResult `json:"pods"`
 	// Timeline holds the latency of each 10 s of the run, warm-up included.
 	Timeline []TimelinePoint `json:"timeline"`
 	// Weights holds every weight write as it reached the clients.
@@ -146,13 +148,16 @@ type TimelinePoint struct {
 type WeightPoint struct {
 	TimeS   float64        `json:"t_s"`
 	Weights map[string]int `json:"weights"`
+	// ModelOverruled says why the write moved toward the capacity split when the tail
+	// algorithm's measurements overruled its model (weights.Decision.ModelOverruled).
+	ModelOverruled string `json:"model_overruled,omitempty"`
 }
 
 // timelineBucket is the width of one timeline point.
 const timelineBucket = 10
 
 func (s *simulation) result() *Result {
-	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, Weights: s.weightLog}
+	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, ModelOverrules: s.modelOverrules, Weights: s.weightLog}
 	latency := mergeSketches(s.podLat, s.latencySum)
 	r.Requests = int64(latency.n)
 	r.Latency = latency.percentiles()

@@ -125,10 +125,15 @@ type simulation struct {
 	snapServed   [][]uint64           // [pod id][second] cumulative completions
 	snapLatency  [][]latencyHistogram // [pod id][second] cumulative in-pod latency histogram
 	pending      map[uint32]map[int32]int
+	pendingWhy   map[uint32]string // the model's overrule behind a pending write, if any
 	applySeq     uint32
 	weightWrites int
 	weightLog    []WeightPoint
 	lastApply    float64 // when weights last reached the clients; 0 before the first write
+	// modelDistrust is the tail algorithm's distrust of its model, carried from one cycle's
+	// decision to the next as the operator carries it in its planner state and status.
+	modelDistrust  float64
+	modelOverrules int
 	// lastObserved is the last cycle's input per pod id, and lastPeak its recent peak rate,
 	// kept for the re-plan when endpoints leave (see replan).
 	lastObserved map[int32]weights.Endpoint
@@ -172,6 +177,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		netHalf:          sc.Clients.NetworkLatency.Seconds() / 2,
 		weightOf:         map[int32]int{},
 		pending:          map[uint32]map[int32]int{},
+		pendingWhy:       map[uint32]string{},
 		// The recoveries cut the latencies by time, which the sketches cannot.
 		keepLatencies: len(speedChanges(sc)) > 0,
 	}
@@ -231,7 +237,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 			}
 			s.weightOf[id] = w
 		}
-		s.logWeights(0)
+		s.logWeights(0, "")
 	}
 	if policy == PolicyCPUDistance || policy == PolicyCPUShare {
 		// The published operator's first act is to write every endpoint at 1000; its rules then
@@ -240,7 +246,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 			s.weightOf[id] = publishedStartWeight
 		}
 		s.weightWrites++
-		s.logWeights(0)
+		s.logWeights(0, "")
 	}
 	s.refreshBalancers()
 	if s.warmup == 0 {
@@ -742,13 +748,24 @@ func (s *simulation) onControl(t float64) error {
 		s.lastObserved[h] = eps[i]
 	}
 	s.lastPeak = s.recordPeak(t, serviceRate, rateObserved)
-	in := weights.Input{Endpoints: eps, WindowCoverage: s.windowCoverage(t), WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak}
+	in := weights.Input{
+		Endpoints:             eps,
+		WindowCoverage:        s.windowCoverage(t),
+		WindowSeconds:         s.sc.Controller.Window.Seconds(),
+		RecentPeakRequestRate: s.lastPeak,
+		ProjectedRequestRate:  s.projectedRate(),
+		ModelDistrust:         s.modelDistrust,
+	}
 	if s.opts.seeInput != nil {
 		s.opts.seeInput(t, in)
 	}
 	d, err := weights.Compute(in, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
+	}
+	s.modelDistrust = d.ModelDistrust
+	if d.ModelOverruled != "" {
+		s.modelOverrules++
 	}
 	if !d.Changed {
 		return nil
@@ -758,8 +775,29 @@ func (s *simulation) onControl(t float64) error {
 		next[ids[i]] = r.Weight
 	}
 	s.scheduleApply(t, next)
+	if d.ModelOverruled != "" {
+		s.pendingWhy[s.applySeq] = d.ModelOverruled
+	}
 	return nil
 }
+
+// projectedRate extrapolates the Service's rate, as the last trendWindows cycles observed it, to
+// when the weights decided now will have been replaced: half a window (a window's average lags
+// its end), the TSDB's latency offset, the next cycle and the push. The operator fills
+// weights.Input.ProjectedRequestRate the same way from its rate history.
+func (s *simulation) projectedRate() float64 {
+	c := s.sc.Controller
+	h := s.rateHistory[max(0, len(s.rateHistory)-trendWindows):]
+	samples := make([]weights.RateSample, len(h))
+	for i, o := range h {
+		samples[i] = weights.RateSample{EndSeconds: o.at, Rate: o.rate}
+	}
+	horizon := c.Window.Seconds()/2 + c.Metrics.LatencyOffset.Seconds() + c.Interval.Seconds() + c.ApplyDelay.Seconds()
+	return weights.ProjectRequestRate(samples, horizon)
+}
+
+// trendWindows is how many cycles' observations the rate trend is fitted over.
+const trendWindows = 3
 
 // scheduleApply counts a weight write decided at t and has it reach the clients after the apply
 // delay, as the operator's ServiceEntry write reaches them through istiod.
@@ -826,6 +864,8 @@ func (s *simulation) replan(t float64) {
 func (s *simulation) onApply(t float64, seq uint32) {
 	next := s.pending[seq]
 	delete(s.pending, seq)
+	why := s.pendingWhy[seq]
+	delete(s.pendingWhy, seq)
 	applied := make(map[int32]int, len(s.hosts))
 	for _, h := range s.hosts {
 		if w, ok := next[h]; ok {
@@ -845,12 +885,12 @@ func (s *simulation) onApply(t float64, seq uint32) {
 			}
 		}
 	}
-	s.logWeights(t)
+	s.logWeights(t, why)
 	s.refreshBalancers()
 }
 
-func (s *simulation) logWeights(t float64) {
-	wp := WeightPoint{TimeS: t, Weights: map[string]int{}}
+func (s *simulation) logWeights(t float64, overruled string) {
+	wp := WeightPoint{TimeS: t, Weights: map[string]int{}, ModelOverruled: overruled}
 	for _, h := range s.hosts {
 		wp.Weights[s.pods[h].name] = s.weightOf[h]
 	}

@@ -28,6 +28,7 @@ const (
 	ReasonCPUNearMean      = "CPU within dead band of mean"
 	ReasonWindowUnsettled  = "weights changed during the window: kept until a clean window"
 	ReasonGainTooSmall     = "predicted p99 gain too small to be worth a write: weights kept"
+	ReasonDistrusted       = "share between the predicted-p99 optimum and the capacity split: the model was overruled by measurement"
 )
 
 // writeGainTolerance is the relative p99 gain, as predicted by the tail algorithm's models, that a
@@ -40,6 +41,10 @@ const writeGainTolerance = 0.02
 
 // settledCoverage is the window coverage from which observed shares reflect the current weights.
 const settledCoverage = 0.9
+
+// overloadMinCoverage is the window coverage from which an overloaded endpoint's weight is cut
+// before a settled window: most of the window shows the weights now in force.
+const overloadMinCoverage = 0.5
 
 // settledLoadFraction is the fraction of the recent peak request rate from which the tail
 // algorithm treats the load as settled.
@@ -182,11 +187,21 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		}
 	}
 	share := targetShares(capacity, ok, totalRate*p.PlanningLoadFactor)
+	capacityShare := share
 	shareReason := ReasonCapacity
 	unsettledLoad := false
 	var predictQuantile func([]float64) float64
+	firstStep := !adapted(endpoints, ok)
+	// The tail algorithm's check of its model against the window (modelcheck.go): the distrust
+	// to carry on, and the evidence when the measurement overrules the model now.
+	distrust, overruled, reset := 0.0, "", false
 	if s.Algorithm == AlgorithmTail {
-		if ts, predict, found := tailShares(in, ok, limit, totalRate, s); found {
+		// The split a distrusted model gives way to: the capacity algorithm's, planned for at
+		// least its own margin over the window's rate (tail plans with none) and for the load
+		// the tail algorithm plans for (the recent peak and a rising rate's projection).
+		capacityShare = targetShares(capacity, ok, math.Max(DefaultSettings(AlgorithmCapacity).Capacity.PlanningLoadFactor*totalRate, planningLoad(in, totalRate, s)))
+		groups, ts, predict, found := tailShares(in, ok, limit, totalRate, s)
+		if found {
 			share, shareReason = ts, ReasonTail
 			predictQuantile = predict
 		} else {
@@ -195,15 +210,31 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		// Shares observed while the load swings mix what Envoy does at two loads; feedback on
 		// them would tune the weights for a load that is already gone.
 		unsettledLoad = totalRate < settledLoadFraction*in.RecentPeakRequestRate
+		distrust = clamp(in.ModelDistrust, 0, 1)
+		if !firstStep && !in.Replan {
+			verdict := checkModel(endpoints, groups, limit)
+			var overrule bool
+			distrust, overrule, reset = judgeModel(distrust, verdict, coverage >= settledCoverage && !unsettledLoad, coverage)
+			if overrule {
+				overruled = verdict.evidence
+			}
+		}
+		if distrust > 0 {
+			share = blendTowardCapacity(share, capacityShare, ok, distrust)
+			shareReason = ReasonDistrusted
+		}
 	}
 
-	firstStep := !adapted(endpoints, ok)
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
-	if !firstStep && !in.Replan && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
-		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled}
+	if !firstStep && !in.Replan && overruled == "" && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
+		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled, ModelDistrust: distrust}
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonWindowUnsettled}
-			if overloaded[i] {
+			// The cut waits for no clean window, but for one mostly under the current weights:
+			// a window that predates the last write (the TSDB answers in the past) shows the
+			// queue the write may already have relieved, and cutting again on it would halve a
+			// weight once per cycle for one overload.
+			if overloaded[i] && coverage >= overloadMinCoverage {
 				d.Endpoints[i] = Result{ID: ep.ID, Weight: cutOverloaded(ep.CurrentWeight, s), Reason: ReasonOverloaded}
 				d.Reason = "an overloaded endpoint's weight halved; the others kept until a clean window"
 			}
@@ -213,7 +244,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 	// The gain smooths the correction against noise from cycle to cycle; a re-plan answers one
 	// known change of membership and takes the whole correction at once.
 	gain := p.Gain
-	if in.Replan {
+	if in.Replan || overruled != "" || rising(in, totalRate) {
 		gain = 1
 	}
 	logTarget := make([]float64, n)
@@ -234,12 +265,15 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			reasons[i] = ReasonNoMetricsKept
 		}
 	}
+	// A reset plans from the shares alone, as a first step does: the feedback's corrections were
+	// made toward the split the measurement has just overruled.
+	fromShares := firstStep || reset
 	for i, ep := range endpoints {
 		if !ok[i] {
 			continue
 		}
 		switch {
-		case firstStep:
+		case fromShares:
 			logTarget[i] = math.Log(share[i])
 			reasons[i] = shareReason
 		case ep.CurrentWeight > 0:
@@ -266,13 +300,13 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			logs = append(logs, logTarget[i])
 		}
 	}
-	shift := scaleShift(endpoints, have, logTarget, logs, maxLog, firstStep, s)
+	shift := scaleShift(endpoints, have, logTarget, logs, maxLog, fromShares, s)
 	target := make([]float64, n)
 	hi := 0.0
 	for i := range endpoints {
 		if have[i] {
 			target[i] = math.Exp(logTarget[i] + shift)
-			if !firstStep {
+			if !fromShares {
 				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, p.MaxStepRatio, &reasons[i])
 				if cut := float64(endpoints[i].CurrentWeight) / 2; overloaded[i] && target[i] > cut {
 					target[i], reasons[i] = cut, ReasonOverloaded
@@ -318,11 +352,19 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 	} else {
 		d.Reason = "weights corrected toward the target traffic shares"
 	}
+	d.ModelDistrust = distrust
+	if overruled != "" {
+		// The measurement overrules the model: the correction toward the capacity split goes
+		// out now, whatever the dead band and the gain gate would hold back.
+		d.ModelOverruled = overruled
+		d.Reason = "model overruled by measurement (" + overruled + "): weights moved toward the capacity split"
+		return d
+	}
 	applyDeadBand(endpoints, &d, p.DeadBand)
 	// A re-plan rides on the mirror's write that drops the departed endpoints, so it costs no
 	// push of its own: the gate, which saves pushes, does not hold it back (under the seed-5 run
 	// of fast-pod-dies it did, and the survivors stayed overloaded until the next cycle).
-	if predictQuantile != nil && !firstStep && !in.Replan && !slices.Contains(overloaded, true) && gainTooSmall(endpoints, ok, totalRate, d, predictQuantile) {
+	if predictQuantile != nil && distrust == 0 && !firstStep && !in.Replan && !slices.Contains(overloaded, true) && gainTooSmall(endpoints, ok, totalRate, d, predictQuantile) {
 		for i, ep := range endpoints {
 			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight, Reason: ReasonGainTooSmall}
 		}

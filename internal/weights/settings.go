@@ -36,6 +36,10 @@ type TailParams struct {
 	// MaxShareRatio bounds how far beyond the capacity split the engine may go: no group's
 	// share exceeds this multiple of its share of the fleet's capacity.
 	MaxShareRatio float64
+	// SurgeFactor is the rise of the load, over the planning load, that the split must carry
+	// without loading any group beyond its CPU limit until the controller has seen it (see
+	// shareRatioCeiling). 1 plans for the planning load alone.
+	SurgeFactor float64
 	// MinPodRate is the request rate, per second, that every pod keeps so that its cost and
 	// latency stay measurable however slow it is.
 	MinPodRate float64
@@ -113,6 +117,7 @@ func DefaultSettings(alg Algorithm) Settings {
 			MaxUtilization: 0.85,
 			BurstMargin:    1.1,
 			MaxShareRatio:  3,
+			SurgeFactor:    2.5,
 			MinPodRate:     1,
 		}
 		return s
@@ -232,6 +237,9 @@ func (p TailParams) validate() error {
 	}
 	if !finite(p.MaxShareRatio) || p.MaxShareRatio < 1 {
 		return fmt.Errorf("tail maxShareRatio %v must be at least 1", p.MaxShareRatio)
+	}
+	if !finite(p.SurgeFactor) || p.SurgeFactor < 1 {
+		return fmt.Errorf("tail surgeFactor %v must be at least 1 (1 turns the surge bound off)", p.SurgeFactor)
 	}
 	if !finite(p.MinPodRate) || p.MinPodRate < 0 {
 		return fmt.Errorf("tail minPodRate %v must be a non-negative number", p.MinPodRate)

@@ -32,7 +32,7 @@ const minPodShareOfMean = 0.02
 // maxGroups bounds the number of groups (and models) per Service.
 const maxGroups = 8
 
-// tailShares returns each endpoint's target share of the traffic: the split of the planning load
+// tailShares returns the groups it planned with and each endpoint's target share of the traffic: the split of the planning load
 // over the groups that minimises the predicted fleet latency quantile, spread evenly over each
 // group's members. ok marks the endpoints with usable metrics; others get no share. It returns
 // false when no split keeps the quantile finite (the fleet is near or beyond its capacity); the
@@ -41,11 +41,11 @@ const maxGroups = 8
 // predict gives the predicted quantile of any split over the endpoints (a share per endpoint,
 // adding up to 1 over those marked ok), with the same models: Compute weighs a write's promised
 // gain with it.
-func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) (shares []float64, predict func([]float64) float64, found bool) {
+func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) (groups []*podGroup, shares []float64, predict func([]float64) float64, found bool) {
 	p := s.Tail
-	groups := groupEndpoints(in.Endpoints, ok, limit)
+	groups = groupEndpoints(in.Endpoints, ok, limit)
 	if len(groups) == 0 || totalRate <= 0 {
-		return nil, nil, false
+		return groups, nil, nil, false
 	}
 	load := planningLoad(in, totalRate, s)
 	var fleetCapacity float64
@@ -65,8 +65,8 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		// rate: in a quiet Service a slow pod's trickle would otherwise be a large part of the load.
 		lo[gi] = math.Min(p.MinPodRate, minPodShareOfMean*load/float64(countTrue(ok))) * n / load
 		floors += lo[gi]
-		byUtilization := maxUtilization / g.loadScale * g.capacity * n / load
-		byCapacity := p.MaxShareRatio * g.capacity * n / fleetCapacity
+		byUtilization := utilizationCeiling(in.Endpoints, g, limit, maxUtilization, load/totalRate) * g.capacity * n / load
+		byCapacity := shareRatioCeiling(p, load/fleetCapacity) * g.capacity * n / fleetCapacity
 		hi[gi] = math.Max(lo[gi], math.Min(byUtilization, byCapacity))
 	}
 	var ceilings float64
@@ -74,7 +74,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		ceilings += hi[gi]
 	}
 	if floors >= 1 || ceilings < 1 {
-		return nil, nil, false
+		return groups, nil, nil, false
 	}
 	// The search starts from the capacity split's quantile: a split within the bounds whose
 	// quantile the optimum's cannot exceed.
@@ -86,7 +86,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	search := newSplitSearch(groups, lo, hi, load, budget)
 	split, tHi, found := search.search(capacitySplit)
 	if !found {
-		return nil, nil, false
+		return groups, nil, nil, false
 	}
 	// The predicted quantile is flat near its minimum, so noise moves the optimum about. Move
 	// from the split the pods get now only as far toward the optimum as it takes to come within
@@ -115,10 +115,14 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			break
 		}
 		x := make([]float64, len(groups))
+		withinBounds := true
 		for gi := range groups {
 			x[gi] = observed[gi]/observedTotal + theta*(optimum[gi]-observed[gi]/observedTotal)
+			withinBounds = withinBounds && x[gi] <= hi[gi]
 		}
-		if quantileOf(x) <= tHi*(1+shareTolerance) {
+		// A split the pods get now that loads a group beyond its ceiling is never good enough,
+		// however flat the prediction around it.
+		if withinBounds && quantileOf(x) <= tHi*(1+shareTolerance) {
 			split = x
 			break
 		}
@@ -135,7 +139,45 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 			shares[i] = split[gi] * memberCapacity(in.Endpoints[i], limit) / total
 		}
 	}
-	return shares, predict, true
+	return groups, shares, predict, true
+}
+
+// shareRatioCeiling is the most a group's share may exceed its share of the fleet's capacity,
+// for a fleet planned at utilization u: MaxShareRatio, or less so that a surge of the load to
+// SurgeFactor times the planning load (up to the whole fleet's capacity) would load no group
+// beyond its limit. The weights stay as they are until the controller sees the surge, a
+// window and the TSDB's lag later, and Envoy's least-request cannot shed a fast pod's excess
+// across weights hundreds of times apart: a split that a surge overloads queues for that long.
+func shareRatioCeiling(p TailParams, u float64) float64 {
+	if p.SurgeFactor <= 1 || !(u > 0) {
+		return p.MaxShareRatio
+	}
+	return math.Max(1, math.Min(p.MaxShareRatio, 1/math.Min(1, p.SurgeFactor*u)))
+}
+
+// explorationStep is how far beyond the utilization it has been measured at a group may be
+// planned when its calibrated model promises more than the uncalibrated one.
+const explorationStep = 0.1
+
+// utilizationCeiling is the highest fraction of its CPU limit a group may be planned at, at the
+// planning load: maxUtilization, or less when the group's calibrated model is more pessimistic
+// than the uncalibrated one (a load scale above 1). A load scale below 1 says the group queues
+// less than the model does at the same load (Envoy's least-request avoids busy pods), but it was
+// fitted at the load the group carries now: the group may then be planned beyond maxUtilization
+// only as far as explorationStep beyond that load (scaled to the planning load), never beyond
+// what the calibrated model tabulates, and never beyond maxModelUtilization of its real limit. A
+// fit at 60% says nothing about 95%, and a plan beyond the real limit is a queue without end.
+func utilizationCeiling(endpoints []Endpoint, g *podGroup, limit func(Endpoint) float64, maxUtilization, planningScale float64) float64 {
+	if g.loadScale >= 1 {
+		return maxUtilization / g.loadScale
+	}
+	var cpu, lim float64
+	for _, i := range g.members {
+		cpu += endpoints[i].CPUCores
+		lim += limit(endpoints[i])
+	}
+	measured := cpu / lim * planningScale
+	return math.Max(maxUtilization, math.Min(math.Min(measured+explorationStep, maxUtilization/g.loadScale), maxModelUtilization))
 }
 
 // memberQuantile is the predicted quantile of a split given member by member: an uneven split
@@ -169,12 +211,16 @@ func memberCapacity(ep Endpoint, limit func(Endpoint) float64) float64 {
 // planningLoad is the request rate the tail algorithm splits: the larger of the current and the
 // recent peak rate, times the burst margin.
 func planningLoad(in Input, totalRate float64, s Settings) float64 {
+	projected := 0.0
+	if finite(in.ProjectedRequestRate) {
+		projected = in.ProjectedRequestRate
+	}
 	if in.RecentPeakRequestRate <= 0 {
 		// Nothing is known about how the load varies: plan with the margin the capacity
 		// algorithm keeps for bursts between two cycles.
-		return totalRate * math.Max(s.Tail.BurstMargin, unknownPeakMargin)
+		return math.Max(totalRate, projected) * math.Max(s.Tail.BurstMargin, unknownPeakMargin)
 	}
-	return math.Max(totalRate, in.RecentPeakRequestRate) * s.Tail.BurstMargin
+	return math.Max(math.Max(totalRate, in.RecentPeakRequestRate), projected) * s.Tail.BurstMargin
 }
 
 // unknownPeakMargin is the planning margin over the current rate when the recent peak is unknown.

@@ -40,8 +40,16 @@ func shareOf(d Decision, id string) float64 {
 	return w / total
 }
 
+// noSurgeBound is the tail algorithm's defaults with the surge bound off, for the tests of what
+// the split does for the planning load alone.
+func noSurgeBound() Settings {
+	s := DefaultSettings(AlgorithmTail)
+	s.Tail.SurgeFactor = 1
+	return s
+}
+
 func TestTail_LoadsTheCheapPodsFarBeyondTheirCapacityShareAtLowLoad(t *testing.T) {
-	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, noSurgeBound())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +204,7 @@ func TestTailSettings_Validate(t *testing.T) {
 		"tail maxUtilization": func(p *TailParams) { p.MaxUtilization = 0.99 },
 		"tail burstMargin":    func(p *TailParams) { p.BurstMargin = 0.5 },
 		"tail maxShareRatio":  func(p *TailParams) { p.MaxShareRatio = 0 },
+		"tail surgeFactor":    func(p *TailParams) { p.SurgeFactor = 0.5 },
 		"tail minPodRate":     func(p *TailParams) { p.MinPodRate = math.NaN() },
 	} {
 		s := DefaultSettings(AlgorithmTail)
@@ -215,8 +224,37 @@ func clearModelCache() {
 	modelCacheMu.Unlock()
 }
 
+// The surge bound keeps the split that a sudden rise of the load would meet within every group's
+// limit: at a third of the fleet's capacity and a surge factor of 2.5, no group's share may
+// exceed 1/(2.5 x 0.34) of its capacity share. The fast pods still get more than that share.
+func TestTail_TheSurgeBoundNarrowsTheSplitAtLowLoad(t *testing.T) {
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastCapacity, slowCapacity := 2/0.0029, 2/0.0076
+	fleetCapacity := 3*fastCapacity + 9*slowCapacity
+	capacityShare := 3 * fastCapacity / fleetCapacity
+	load := 1500 * DefaultSettings(AlgorithmTail).Tail.BurstMargin
+	bound := capacityShare / (2.5 * load / fleetCapacity)
+	fastShare := 3 * shareOf(d, "fast-0")
+	if fastShare > bound+0.01 {
+		t.Fatalf("fast pods get %.3f of the weight, above the surge bound %.3f: %v", fastShare, bound, weightsOf(d))
+	}
+	if fastShare <= capacityShare {
+		t.Fatalf("fast pods get %.3f of the weight, no more than their capacity share %.3f: %v", fastShare, capacityShare, weightsOf(d))
+	}
+	wide, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, noSurgeBound())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := 3 * shareOf(wide, "fast-0"); w <= fastShare {
+		t.Fatalf("fast pods get %.3f without the bound and %.3f with it, want more without", w, fastShare)
+	}
+}
+
 func TestTail_PlansWithAMarginWhenThePeakIsUnknown(t *testing.T) {
-	s := DefaultSettings(AlgorithmTail)
+	s := noSurgeBound()
 	known, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)

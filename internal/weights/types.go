@@ -92,6 +92,17 @@ type Input struct {
 	// bound (min and max weight, step and ratio limits, the overload cut) still applies, and so
 	// does the dead band: a re-plan that moves no traffic is not worth a write.
 	Replan bool
+	// ModelDistrust is the tail algorithm's distrust of its model, in [0, 1], as the previous
+	// Decision returned it (Decision.ModelDistrust): 0 follows the model's optimum, 1 the
+	// capacity split. The caller carries it from one cycle to the next; 0 (the zero value) is a
+	// fresh start.
+	ModelDistrust float64
+	// ProjectedRequestRate is the Service's request rate expected by the time the next cycle's
+	// weights take over (the recent trend extrapolated; see ProjectRequestRate). The tail
+	// algorithm plans for the largest of it, the current and the recent peak rate, so that a
+	// rising load does not leave the fast pods planned for a load already passed. 0 means
+	// unknown.
+	ProjectedRequestRate float64
 }
 
 // Result is the engine's decision for one endpoint.
@@ -111,6 +122,14 @@ type Decision struct {
 	Changed bool
 	// Reason summarises the decision for a condition or an Event.
 	Reason string
+	// ModelDistrust is the distrust of the tail algorithm's model to pass to the next cycle
+	// (Input.ModelDistrust). 0 for the other algorithms.
+	ModelDistrust float64
+	// ModelOverruled is set when this window's measurements overruled the tail algorithm's
+	// model: it says which group disagreed and how. The weights then move toward the capacity
+	// split at once, past the dead band and the write gate; the caller should say so in status
+	// and not hold the write back for its budget.
+	ModelOverruled string
 }
 
 // Weights returns the decided weights keyed by endpoint ID.
