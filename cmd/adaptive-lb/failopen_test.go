@@ -241,9 +241,11 @@ func TestOperations_AnOperatorThatCanNoLongerWatchEndpointSlicesFallsBack(t *tes
 	leader := c.leaseRenewed("adaptive-lb.adaptivelb.io")
 	// Documented: the watchdog's --stale-after after the heartbeat stopped, plus one check.
 	c.waitWithin("the watchdog deletes the ServiceEntry", revoked, 5*time.Second+15*time.Second+30*time.Second, c.serviceEntryGone, logs, watchdogLogs)
-	if !strings.Contains(watchdogLogs.String(), "no operator has renewed its heartbeat") {
-		t.Fatalf("the watchdog did not log why it deleted:\n%s", watchdogLogs)
-	}
+	// The log line follows the deletions and the status writes that say why on each
+	// AdaptiveLoadBalancer.
+	c.waitFor("the watchdog logs why it deleted", func() bool {
+		return strings.Contains(watchdogLogs.String(), "no operator has renewed its heartbeat")
+	}, watchdogLogs)
 	if renewed := c.leaseRenewed("adaptive-lb.adaptivelb.io"); !renewed.After(leader) {
 		t.Fatalf("the leader Lease was not renewed meanwhile (%v, was %v): this test must show a live but blind operator", renewed, leader)
 	}

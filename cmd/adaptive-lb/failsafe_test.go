@@ -411,7 +411,7 @@ func TestRun_DeletesOrphanedServiceEntriesAtStart(t *testing.T) {
 	}, logs)
 }
 
-// A ServiceEntry never outlives its Service: with no operator running and the lease far from
+// A ServiceEntry never outlives its Service: with no operator running and the heartbeat far from
 // stale, the watchdog deletes the ServiceEntry of a Service that is gone (without it, istiod
 // would keep the ServiceEntry as the host's only service), and leaves it while the Service is
 // there.
@@ -421,10 +421,10 @@ func TestFailsafe_DeletesAServiceEntryWhoseServiceIsGone(t *testing.T) {
 	c.createALB()
 	stopA, logsA := c.start("A", false)
 	c.waitForEndpoints(2, logsA)
-	stopA() // a crash: the lease stays, unrenewed, far from stale below
+	stopA() // a crash: the heartbeat stays, unrenewed, far from stale below
 	stopWatchdog, logs := c.startFailsafe("--stale-after", "10m", "--check-interval", "200ms", "--log-level", "debug")
 	defer stopWatchdog()
-	c.waitFor("a few checks", func() bool { return strings.Count(logs.String(), "leader lease fresh") >= 5 }, logs)
+	c.waitFor("a few checks", func() bool { return strings.Count(logs.String(), "heartbeat fresh") >= 5 }, logs)
 	if c.serviceEntryGone() {
 		t.Fatalf("the watchdog deleted the ServiceEntry of an existing Service:\n%s", logs)
 	}

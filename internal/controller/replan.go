@@ -218,6 +218,11 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	}
 	t := plan.target
 	t.Replan, t.DryRun, t.WindowCoverage = true, false, 1
+	// A re-plan answers a change of membership, not of load. The survivors' window rates lack
+	// the departed pods' share, so the Service's projected rate would read as a rise of the load
+	// and take the feedback's whole step at once. The recent peak still plans for the whole
+	// Service's rate; the next cycle projects again, on the new membership.
+	t.ProjectedRequestRate = 0
 	t.Settings = settings
 	t.Endpoints = slices.DeleteFunc(slices.Clone(t.Endpoints), func(e weights.Endpoint) bool { return stay[e.ID] == "" })
 	if len(t.Endpoints) != len(stay) {

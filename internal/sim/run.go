@@ -33,7 +33,7 @@ const (
 var Policies = []string{PolicyRoundRobin, PolicyRandom, PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail, PolicyOracle, PolicyORCAWRR, PolicyPeakEWMA, PolicyPrequal, PolicyCPUShare}
 
 // DefaultPolicies is what `adaptive-lb simulate` compares when no --policies is given.
-var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCapacity, PolicyTail}
+var DefaultPolicies = []string{PolicyLeastRequest, PolicyCPUDistance, PolicyCPUShare, PolicyCapacity, PolicyTail}
 
 // ValidatePolicy returns an error naming the allowed policies when name is unknown.
 func ValidatePolicy(name string) error {

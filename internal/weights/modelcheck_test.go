@@ -303,6 +303,8 @@ func TestProjectRequestRate(t *testing.T) {
 		{"samples at one instant are unknown", []RateSample{{10, 1000}, {10, 1200}}, 60, 0},
 		{"a NaN rate is unknown", []RateSample{{0, 1000}, {30, math.NaN()}}, 60, 0},
 		{"a negative horizon is unknown", ramp, -1, 0},
+		// The operator passes Unix seconds: their squares must not swallow the slope.
+		{"wall-clock times fit like small ones", []RateSample{{1.7941e9, 1000}, {1.7941e9 + 30, 1250}, {1.7941e9 + 60, 1500}}, 60, 2000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := ProjectRequestRate(tc.samples, tc.horizon); math.Abs(got-tc.want) > 1e-9 {

@@ -26,19 +26,22 @@ func ProjectRequestRate(samples []RateSample, horizonSeconds float64) float64 {
 	if len(samples) < 2 || !(horizonSeconds >= 0) {
 		return 0
 	}
+	// Times relative to the latest window's end: wall-clock seconds (about 1.8e9) squared would
+	// leave float64 no digits for the differences the slope is made of.
+	latest := samples[len(samples)-1]
 	var n, sx, sy, sxx, sxy float64
 	for _, s := range samples {
 		if !finite(s.EndSeconds) || !finite(s.Rate) || s.Rate < 0 {
 			return 0
 		}
+		x := s.EndSeconds - latest.EndSeconds
 		n++
-		sx += s.EndSeconds
+		sx += x
 		sy += s.Rate
-		sxx += s.EndSeconds * s.EndSeconds
-		sxy += s.EndSeconds * s.Rate
+		sxx += x * x
+		sxy += x * s.Rate
 	}
 	den := n*sxx - sx*sx
-	latest := samples[len(samples)-1]
 	if !(den > 0) {
 		return 0
 	}

@@ -51,7 +51,8 @@ func TestChart_FailsafeWatchdogAndUninstallHook(t *testing.T) {
 			t.Fatalf("%s or %s missing; chart has %v", chartName, configName, keys(objs))
 		}
 		if strings.HasSuffix(configName, "-lease") {
-			// The chart names the Lease after the release; config/ keeps the operator's default.
+			// The chart names the Lease (and its heartbeat) after the release; config/ keeps the
+			// operator's default.
 			want = withLeaseName(t, want, "lb-adaptive-lb")
 		}
 		if !reflect.DeepEqual(got.Object["rules"], want.Object["rules"]) {
@@ -162,7 +163,7 @@ func withLeaseName(t *testing.T, role *unstructured.Unstructured, lease string) 
 	rules, _, _ := unstructured.NestedSlice(c.Object, "rules")
 	for _, r := range rules {
 		if _, ok := r.(map[string]any)["resourceNames"]; ok {
-			r.(map[string]any)["resourceNames"] = []any{lease}
+			r.(map[string]any)["resourceNames"] = []any{lease, lease + "-heartbeat"}
 		}
 	}
 	if err := unstructured.SetNestedSlice(c.Object, rules, "rules"); err != nil {

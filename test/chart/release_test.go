@@ -39,7 +39,8 @@ func leaseNames(o *unstructured.Unstructured) []string {
 }
 
 // Issue 21.9: two releases in one namespace each elect their own leader: the operator, the
-// watchdog and the uninstall hook of each name the release's Lease, and only it is granted.
+// watchdog and the uninstall hook of each name the release's Lease, and only it and its heartbeat
+// are granted.
 func TestChart_EachReleaseHasItsOwnLeaderLease(t *testing.T) {
 	seen := map[string]string{}
 	for _, release := range []string{"lb", "other"} {
@@ -52,8 +53,8 @@ func TestChart_EachReleaseHasItsOwnLeaderLease(t *testing.T) {
 			}
 		}
 		for _, k := range []string{"Role/" + release + "-adaptive-lb-failsafe-lease", "Role/" + release + "-adaptive-lb-uninstall"} {
-			if names := leaseNames(objs[k]); strings.Join(names, ",") != lease {
-				t.Errorf("release %s: %s grants the Leases %v, want only %s", release, k, names, lease)
+			if names := leaseNames(objs[k]); strings.Join(names, ",") != lease+","+lease+"-heartbeat" {
+				t.Errorf("release %s: %s grants the Leases %v, want only %s and its heartbeat", release, k, names, lease)
 			}
 		}
 		if other, ok := seen[lease]; ok {
