@@ -252,7 +252,7 @@ func (w *watchdog) deleteManaged(ctx context.Context, why string) (int, error) {
 	return deleteInstallationServiceEntries(ctx, w.client, controller.InstallID(w.lease.Namespace, w.lease.Name), w.namespaces, func(se *metav1.PartialObjectMetadata) {
 		// After the deletion, which matters most: a status the watchdog may not write (an RBAC
 		// older than this rule) is logged, never a reason to keep the ServiceEntry.
-		if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, why); err != nil {
+		if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, adlbv1.ReasonOperatorUnavailable, why); err != nil {
 			w.logger.Error(err, "cannot say on its AdaptiveLoadBalancer that the ServiceEntry is deleted", "serviceEntry", client.ObjectKeyFromObject(se))
 		}
 	})

@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
 
@@ -70,6 +71,12 @@ func (w *watchdog) deleteWithoutService(ctx context.Context) (int, error) {
 			}
 			deleted++
 			w.logger.Info("deleted a ServiceEntry whose Service is gone", "serviceEntry", types.NamespacedName{Namespace: se.Namespace, Name: se.Name})
+			// The mirror owns this status, and no operator may be running to write it: without
+			// this, it would go on claiming a ServiceEntry that no longer exists.
+			why := fmt.Sprintf("Service %s/%s does not exist: the fail-open watchdog deleted its ServiceEntry; create the Service or fix spec.targetRef.name", se.Namespace, se.Name)
+			if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, adlbv1.ReasonTargetNotFound, why); err != nil {
+				w.logger.Error(err, "cannot say on its AdaptiveLoadBalancer that the ServiceEntry is deleted", "serviceEntry", types.NamespacedName{Namespace: se.Namespace, Name: se.Name})
+			}
 		}
 	}
 	return deleted, errors.Join(errs...)

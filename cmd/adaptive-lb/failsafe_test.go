@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
 
@@ -434,5 +435,9 @@ func TestFailsafe_DeletesAServiceEntryWhoseServiceIsGone(t *testing.T) {
 	c.waitFor("the watchdog deletes the ServiceEntry whose Service is gone", c.serviceEntryGone, logs)
 	c.waitFor("the deletion is logged", func() bool {
 		return strings.Contains(logs.String(), "deleted a ServiceEntry whose Service is gone")
+	}, logs)
+	c.waitFor("the status no longer claims the ServiceEntry", func() bool {
+		mirrored, ready := c.condition(adlbv1.ConditionEndpointsMirrored), c.condition(adlbv1.ConditionReady)
+		return mirrored != nil && mirrored.Reason == adlbv1.ReasonTargetNotFound && ready != nil && ready.Status == metav1.ConditionFalse
 	}, logs)
 }

@@ -13,14 +13,14 @@ import (
 )
 
 // MarkServiceEntryRemoved records on the AdaptiveLoadBalancer that controlled the deleted
-// ServiceEntry se that it is gone and why: EndpointsMirrored=False (OperatorUnavailable, with
-// why), WeightsApplied=False (NoServiceEntry), no ServiceEntry and no endpoints in status, and
+// ServiceEntry se that it is gone and why: EndpointsMirrored=False (reason, such as
+// OperatorUnavailable or TargetNotFound, with why), WeightsApplied=False (NoServiceEntry), no ServiceEntry and no endpoints in status, and
 // Ready recomputed from them. The fail-open watchdog calls it after each deletion: it stands in
 // for the endpoint mirror, which owns these, while no operator runs, so that no status claims
 // Ready=True for a Service the operator no longer serves; the mirror replaces them at its first
 // reconcile once an operator runs again. An owner that is gone, or that is another object of
 // the same name (another UID), is left alone. c reads and writes the API server directly.
-func MarkServiceEntryRemoved(ctx context.Context, c client.Client, se metav1.Object, why string) error {
+func MarkServiceEntryRemoved(ctx context.Context, c client.Client, se metav1.Object, reason, why string) error {
 	ref := metav1.GetControllerOfNoCopy(se)
 	if ref == nil || ref.Kind != "AdaptiveLoadBalancer" || !strings.HasPrefix(ref.APIVersion, adlbv1.GroupVersion.Group+"/") {
 		return nil
@@ -35,7 +35,7 @@ func MarkServiceEntryRemoved(ctx context.Context, c client.Client, se metav1.Obj
 		}
 		gen := alb.Generation
 		meta.SetStatusCondition(&alb.Status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: metav1.ConditionFalse,
-			Reason: adlbv1.ReasonOperatorUnavailable, Message: why, ObservedGeneration: gen})
+			Reason: reason, Message: why, ObservedGeneration: gen})
 		meta.SetStatusCondition(&alb.Status.Conditions, placeholderWeightsCondition(alb, false))
 		alb.Status.ServiceEntry, alb.Status.EndpointCount = "", 0
 		alb.Status.Endpoints, alb.Status.EndpointsTruncated = nil, false

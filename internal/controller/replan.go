@@ -31,6 +31,9 @@ type lastPlan struct {
 	at         time.Time
 	window     time.Duration
 	target     cycle.Target
+	// distrust is the tail model's distrust the cycle decided with (cycle.State.ModelDistrust):
+	// a re-plan soon after an overrule must not return to the split the measurement threw out.
+	distrust float64
 	// replannedWeights are the weights the last re-plan wrote, by IP, until the next cycle
 	// records its plan: the mirror's status names them as re-planned.
 	replannedWeights map[string]uint32
@@ -108,7 +111,7 @@ func (m *Membership) ReplannedWeight(key types.NamespacedName, ip string, weight
 // RecordPlan keeps a cycle's input to the engine for alb (endpoint IDs are IPs). Only inputs the
 // engine planned from count: a target whose metrics failed keeps no plan, so no re-plan happens
 // during a hold or a fallback.
-func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Duration, t cycle.Target) {
+func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Duration, t cycle.Target, distrust float64) {
 	if m == nil {
 		return
 	}
@@ -129,7 +132,7 @@ func (m *Membership) RecordPlan(alb *adlbv1.AdaptiveLoadBalancer, window time.Du
 	if m.plans.byKey == nil {
 		m.plans.byKey = map[types.NamespacedName]lastPlan{}
 	}
-	m.plans.byKey[key] = lastPlan{uid: uid, generation: alb.Generation, at: at, window: window, target: t}
+	m.plans.byKey[key] = lastPlan{uid: uid, generation: alb.Generation, at: at, window: window, target: t, distrust: distrust}
 }
 
 // listedThroughout reports whether every pod of stay (by IP) has been in the ServiceEntry since
@@ -228,7 +231,7 @@ func (m *Membership) replanWeights(alb *adlbv1.AdaptiveLoadBalancer, existing *n
 	if len(t.Endpoints) != len(stay) {
 		return nil, time.Time{} // a survivor the last cycle did not observe
 	}
-	outcomes, _ := cycle.Plan(now, []cycle.Target{t}, map[string]cycle.State{t.Key: {LastGoodMetrics: plan.at}}, 0)
+	outcomes, _ := cycle.Plan(now, []cycle.Target{t}, map[string]cycle.State{t.Key: {LastGoodMetrics: plan.at, ModelDistrust: plan.distrust}}, 0)
 	// Only a change is written: an unchanged decision carries the basis, the weights of the last
 	// cycle's window, and writing those would undo that cycle's own write.
 	o := outcomes[0]

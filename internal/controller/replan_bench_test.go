@@ -45,7 +45,7 @@ func BenchmarkReplanWeights(b *testing.B) {
 				}
 			}
 			m.Observe(key, listed)
-			m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmTail), WindowSeconds: 60, RecentPeakRequestRate: float64(100 * n)})
+			m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmTail), WindowSeconds: 60, RecentPeakRequestRate: float64(100 * n)}, 0)
 			if got, _ := m.replanWeights(alb, se, built); got == nil {
 				b.Fatal("no re-plan: the benchmark would time the early exits")
 			}

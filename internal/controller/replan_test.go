@@ -160,14 +160,14 @@ func TestReplanWeights_WritesOnlyAChangeAndOnlyForItsOwnAlgorithms(t *testing.T)
 		listed = append(listed, MemberEndpoint{IP: e.ID, Pod: fmt.Sprintf("web-%d", i+1), Weight: 150})
 	}
 	m.Observe(key, listed) // the mirror's record: every survivor listed since before the cycle
-	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400}, 0)
 	if got, _ := m.replanWeights(alb, se, built); got != nil {
 		t.Fatalf("an unchanged re-plan returned %v; want nil (keep the ServiceEntry's 150s)", got)
 	}
 
 	// Uneven costs make the capacity engine move the survivors; cpu-distance still never re-plans.
 	eps[1].CPUCores, eps[2].CPUCores = 0.2, 1.5
-	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400})
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String(), Endpoints: eps, Settings: weights.DefaultSettings(weights.AlgorithmCapacity), WindowSeconds: 60, RecentPeakRequestRate: 400}, 0)
 	if got, _ := m.replanWeights(alb, se, built); got == nil || got["web-2"] <= got["web-3"] {
 		t.Fatalf("capacity re-plan %v: want web-2 (cheaper per request) above web-3", got)
 	}
@@ -232,7 +232,7 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 
 	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
 	clk.Step(10 * time.Second)
-	m.RecordPlan(alb, time.Minute, plan)
+	m.RecordPlan(alb, time.Minute, plan, 0)
 	if got, _ := m.replanWeights(alb, se("web-1", "web-2", "web-3", "web-4"), built("web-1", "web-2", "web-3", "")); got == nil {
 		t.Fatal("no re-plan when web-4 leaves: the scenario cannot tell a refused re-plan from none")
 	}
@@ -250,7 +250,7 @@ func TestReplanWeights_NotFromAnotherPodsObservationsAtAReusedAddress(t *testing
 	m = NewMembership(clk)
 	m.Observe(key, listed("web-1", "web-2", "web-3", "web-4"))
 	clk.Step(10 * time.Second)
-	m.RecordPlan(alb, time.Minute, plan)
+	m.RecordPlan(alb, time.Minute, plan, 0)
 	clk.Step(5 * time.Second)
 	m.Observe(key, listed("web-9", "web-2", "web-3", "web-4"))
 	if got, _ := m.replanWeights(alb, se("web-9", "web-2", "web-3", "web-4"), built("web-9", "web-2", "web-3", "")); got != nil {
@@ -324,7 +324,7 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 	m := NewMembership(clk)
 	key := types.NamespacedName{Namespace: "ns", Name: "web"}
 	alb := &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: "uid-1"}}
-	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()}, 0)
 	m.Replanned(key, map[string]uint32{"10.0.0.2": 100, "10.0.0.3": 28}, appliedWeights{})
 	replanned := func(ip string, w uint32) bool { return m.ReplannedWeight(key, ip, w) }
 
@@ -342,7 +342,7 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 	}
 
 	// The next cycle records its plan: its own status write owns the reasons from then on.
-	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()})
+	m.RecordPlan(alb, time.Minute, cycle.Target{Key: key.String()}, 0)
 	if got, _ := endpointStatus(previous, mirrored, now, false, replanned); got[1].Reason != "" {
 		t.Fatalf("web-3 still named as re-planned after the next cycle: %+v", got[1])
 	}

@@ -101,7 +101,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 		o := &outcomes[i]
 		if o.Err == nil {
 			// The mirror re-plans from these when endpoints leave before the next cycle.
-			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed)
+			w.Membership.RecordPlan(d.alb, 2*d.interval, d.observed, next[d.key.String()].ModelDistrust)
 		}
 		w.states[d.key] = next[d.key.String()]
 		if o.Action == cycle.ActionWrite && ctx.Err() != nil {

@@ -170,7 +170,11 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		if !decideWith(&out, in, t.Settings) {
 			return out, st
 		}
-		st.ModelDistrust = out.Decision.ModelDistrust
+		if !t.DryRun {
+			// In DryRun the pods carry the mirror's equal weights, not the engine's: what the
+			// measurements say of that split is no verdict on the model.
+			st.ModelDistrust = out.Decision.ModelDistrust
+		}
 		keepWithoutMetrics(&out.Decision, t)
 		out.Recovered = st.FallenBack
 		out.Reason = out.Decision.Reason

@@ -417,6 +417,18 @@ func TestPlan_AnOverruledModelsReliefJumpsTheBudget(t *testing.T) {
 	}
 }
 
+func TestPlan_DryRunDoesNotJudgeTheModel(t *testing.T) {
+	tg := hotTarget("ns/dry")
+	tg.DryRun = true
+	outs, next := Plan(t0, []Target{tg}, map[string]State{}, 0)
+	if outs[0].Action != ActionDryRun {
+		t.Fatalf("%s: %s", outs[0].Action, outs[0].Reason)
+	}
+	if d := next[tg.Key].ModelDistrust; d != 0 {
+		t.Fatalf("ModelDistrust %v after a DryRun cycle, want 0: the split measured is the mirror's, not the model's", d)
+	}
+}
+
 func TestPlan_TheModelsDistrustIsCarriedIntoTheNextDecision(t *testing.T) {
 	// A calm window after an overrule: the distrust the planner remembered fades by one step,
 	// instead of starting again from full trust.

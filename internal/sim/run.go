@@ -840,7 +840,7 @@ func (s *simulation) replan(t float64) {
 		ids = append(ids, h)
 		current = append(current, s.weightOf[h])
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak, Replan: true}, *s.settings)
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak, ModelDistrust: s.modelDistrust, Replan: true}, *s.settings)
 	if err != nil || !d.Changed {
 		// An error leaves the weights as they are (the last cycle's input was accepted). An
 		// unchanged decision returns the basis, the weights of the last cycle's window: writing

@@ -330,3 +330,22 @@ func TestTail_PlansForTheProjectedRate(t *testing.T) {
 		t.Fatalf("fast pod's share %.3f planning for the projected rate, %.3f without; want less", r, n)
 	}
 }
+
+// A re-plan after endpoints left goes to the target shares without hysteresis; with the model
+// distrusted it goes to the blend toward the capacity split, not back to the model's optimum.
+func TestTail_AReplanKeepsTheModelsDistrust(t *testing.T) {
+	s := noSurgeBound()
+	in := Input{Endpoints: seedFleet(100), WindowSeconds: 60, WindowCoverage: 1, RecentPeakRequestRate: 1500, Replan: true}
+	trusted, err := Compute(in, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.ModelDistrust = 1
+	distrusted, err := Compute(in, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := 3*shareOf(trusted, "fast-0"), 3*shareOf(distrusted, "fast-0"); !(b < a-0.05) {
+		t.Fatalf("fast pods' share %.3f in a re-plan with the model distrusted, %.3f trusted: want the distrusted one nearer the capacity split", b, a)
+	}
+}

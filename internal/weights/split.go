@@ -19,6 +19,8 @@ type splitSearch struct {
 	lo     []float64
 	budget float64
 	delta  float64
+	// hi is each group's ceiling, as a share of the load.
+	hi []float64
 	// maxSteps[g] is the most lattice steps group g may take without passing its ceiling.
 	maxSteps []int
 	// loadPerShare[g] converts group g's share into the load each member sees on the model's
@@ -53,6 +55,7 @@ func newSplitSearch(groups []*podGroup, lo, hi []float64, load, budget float64) 
 	s := &splitSearch{
 		groups:       groups,
 		lo:           lo,
+		hi:           hi,
 		budget:       budget,
 		maxSteps:     make([]int, n),
 		loadPerShare: make([]float64, n),
@@ -84,6 +87,31 @@ func newSplitSearch(groups []*podGroup, lo, hi []float64, load, budget float64) 
 		}
 	}
 	return s
+}
+
+// ceilingSplit is the split when the ceilings leave the lattice too few steps to place the whole
+// load: they add up to about 1 (every group at its ceiling; the surge bound puts every group at
+// its capacity share from a planning load of 1/SurgeFactor of the fleet's capacity), and the
+// lattice's rounding below each ceiling loses the last steps. The ceilings, scaled to add up to
+// 1, are then the one split the bounds allow. Ceilings that fall short of the load by more than
+// that rounding allow none.
+func (s *splitSearch) ceilingSplit(gridEnd float64) ([]float64, float64, bool) {
+	var ceilings float64
+	for _, h := range s.hi {
+		ceilings += h
+	}
+	if ceilings < 1-1e-9 || ceilings > 1+float64(len(s.hi)+1)*s.delta {
+		return nil, 0, false
+	}
+	x := make([]float64, len(s.hi))
+	for g, h := range s.hi {
+		x[g] = h / ceilings
+	}
+	t := s.quantileOf(x, gridEnd)
+	if !(t < gridEnd) {
+		return nil, 0, false
+	}
+	return x, t, true
 }
 
 // share is group g's share after k lattice steps.
@@ -346,14 +374,14 @@ func (s *splitSearch) search(reference []float64) ([]float64, float64, bool) {
 	for _, m := range s.maxSteps {
 		total += m
 	}
-	if total < splitSteps {
-		return nil, 0, false
-	}
 	var maxCost float64
 	for _, g := range s.groups {
 		maxCost = math.Max(maxCost, g.cost)
 	}
 	gridEnd := maxCost * modelTime(modelTimePoints-1)
+	if total < splitSteps {
+		return s.ceilingSplit(gridEnd)
+	}
 	// The optimum's quantile is at most the reference's (give or take the lattice), and at
 	// least the floor. Starting from that bracket instead of [0, the grid's end] saves the
 	// rounds that would probe thresholds thousands of mean costs long.

@@ -253,6 +253,27 @@ func TestTail_TheSurgeBoundNarrowsTheSplitAtLowLoad(t *testing.T) {
 	}
 }
 
+// From a planning load of 1/SurgeFactor of the fleet's capacity the surge bound puts every group
+// at its capacity share: the ceilings add up to the load exactly, the lattice's rounding leaves
+// the search a step short, and the split must still be the ceilings, not the square-root
+// fallback (which gives the fast pods more than their capacity share).
+func TestTail_AtTheSurgeBoundEveryGroupGetsItsCapacityShare(t *testing.T) {
+	fastCapacity, slowCapacity := 2/0.0029, 2/0.0076
+	capacityShare := 3 * fastCapacity / (3*fastCapacity + 9*slowCapacity)
+	for _, peak := range []float64{1700, 2100, 2600} {
+		d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: peak}, DefaultSettings(AlgorithmTail))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := d.Endpoints[0].Reason; r != ReasonTail {
+			t.Errorf("peak %v rps: fast pod's reason %q, want %q", peak, r, ReasonTail)
+		}
+		if got := 3 * shareOf(d, "fast-0"); got > capacityShare*1.01 {
+			t.Errorf("peak %v rps: fast pods get %.3f of the weight, above their capacity share %.3f: %v", peak, got, capacityShare, weightsOf(d))
+		}
+	}
+}
+
 func TestTail_PlansWithAMarginWhenThePeakIsUnknown(t *testing.T) {
 	s := noSurgeBound()
 	known, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
