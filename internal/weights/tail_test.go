@@ -253,23 +253,36 @@ func TestTail_TheSurgeBoundNarrowsTheSplitAtLowLoad(t *testing.T) {
 	}
 }
 
-// From a planning load of 1/SurgeFactor of the fleet's capacity the surge bound puts every group
-// at its capacity share: the ceilings add up to the load exactly, the lattice's rounding leaves
-// the search a step short, and the split must still be the ceilings, not the square-root
-// fallback (which gives the fast pods more than their capacity share).
-func TestTail_AtTheSurgeBoundEveryGroupGetsItsCapacityShare(t *testing.T) {
+// From a planning load of 1/SurgeFactor of the fleet's capacity the surge bound leaves the model
+// no choice (every group at its capacity share): the engine takes the capacity algorithm's
+// square-root split at the planning load, and says so, whatever the lattice's rounding.
+func TestTail_FromTheSurgeBoundOnTheSplitIsTheCapacityAlgorithms(t *testing.T) {
+	s := DefaultSettings(AlgorithmTail)
 	fastCapacity, slowCapacity := 2/0.0029, 2/0.0076
-	capacityShare := 3 * fastCapacity / (3*fastCapacity + 9*slowCapacity)
+	fleetCapacity := 3*fastCapacity + 9*slowCapacity
 	for _, peak := range []float64{1700, 2100, 2600} {
-		d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: peak}, DefaultSettings(AlgorithmTail))
+		in := Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: peak}
+		if load := planningLoad(in, 1500, s); s.Tail.SurgeFactor*load < fleetCapacity {
+			t.Fatalf("peak %v: planning load %.0f is below 1/%v of the capacity %.0f: the case is not tested", peak, load, s.Tail.SurgeFactor, fleetCapacity)
+		}
+		d, err := Compute(in, s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := d.Endpoints[0].Reason; r != ReasonTail {
-			t.Errorf("peak %v rps: fast pod's reason %q, want %q", peak, r, ReasonTail)
+		if r := d.Endpoints[0].Reason; r != ReasonCapacity {
+			t.Errorf("peak %v rps: fast pod's reason %q, want %q", peak, r, ReasonCapacity)
 		}
-		if got := 3 * shareOf(d, "fast-0"); got > capacityShare*1.01 {
-			t.Errorf("peak %v rps: fast pods get %.3f of the weight, above their capacity share %.3f: %v", peak, got, capacityShare, weightsOf(d))
+		capacity := make([]float64, 12)
+		ok := make([]bool, 12)
+		for i := range capacity {
+			capacity[i], ok[i] = slowCapacity, true
+			if i < 3 {
+				capacity[i] = fastCapacity
+			}
+		}
+		want := 3 * targetShares(capacity, ok, planningLoad(in, 1500, s))[0]
+		if got := 3 * shareOf(d, "fast-0"); math.Abs(got-want) > 0.01 {
+			t.Errorf("peak %v rps: fast pods get %.3f of the weight, want the square-root split's %.3f: %v", peak, got, want, weightsOf(d))
 		}
 	}
 }
