@@ -190,9 +190,9 @@ type TailParameters struct {
 	// without loading any group beyond its CPU limit before the operator has measured it (a
 	// window and the TSDB's lag later). It narrows the split at low load, where it would
 	// otherwise lean hardest on the fastest pods. At least 1; 1 turns the bound off and trades
-	// robustness to sudden load for a lower tail at steady low load. Default 2.5.
+	// robustness to sudden load for a lower tail at steady low load. Default 4.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'surgeFactor must be a decimal of at least 1, such as 2.5 (1 turns the surge bound off); got ' + self"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+)?$') && double(self) >= 1.0",messageExpression="'surgeFactor must be a decimal of at least 1, such as 4 (1 turns the surge bound off); got ' + self"
 	SurgeFactor *Decimal `json:"surgeFactor,omitempty"`
 	// MinPodRate is the request rate (per second) every pod keeps so that it stays measurable.
 	// Default 1.

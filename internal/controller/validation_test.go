@@ -56,7 +56,7 @@ func TestCRD_RejectsInvalidSpecsAtAdmission(t *testing.T) {
 		"a tail utilization above the model's":                   {`{"tail":{"maxUtilization":"0.99"}}`, "maxUtilization must be a decimal above 0 and at most 0.95, such as 0.85; got 0.99"},
 		"a tail burst margin below 1":                            {`{"tail":{"burstMargin":"0.5"}}`, "burstMargin must be a decimal of at least 1, such as 1.1; got 0.5"},
 		"a tail share ratio that is not a number":                {`{"tail":{"maxShareRatio":"lots"}}`, "maxShareRatio must be a decimal of at least 1, such as 3; got lots"},
-		"a surge factor below 1":                                 {`{"tail":{"surgeFactor":"0.5"}}`, "surgeFactor must be a decimal of at least 1, such as 2.5 (1 turns the surge bound off); got 0.5"},
+		"a surge factor below 1":                                 {`{"tail":{"surgeFactor":"0.5"}}`, "surgeFactor must be a decimal of at least 1, such as 4 (1 turns the surge bound off); got 0.5"},
 		"a negative tail pod rate":                               {`{"tail":{"minPodRate":"-1"}}`, "minPodRate must be a non-negative decimal number written as a string, such as 1; got -1"},
 		"maxWeight alone below cpu-distance's default minWeight": {`{"algorithm":"cpu-distance","maxWeight":50}`, "maxWeight is below the algorithm's default minWeight (tail: 1, capacity: 10, cpu-distance: 100); set minWeight too"},
 		"minWeight alone above cpu-distance's default maxWeight": {`{"algorithm":"cpu-distance","minWeight":700}`, "minWeight exceeds the algorithm's default maxWeight"},

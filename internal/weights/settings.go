@@ -117,7 +117,7 @@ func DefaultSettings(alg Algorithm) Settings {
 			MaxUtilization: 0.85,
 			BurstMargin:    1.1,
 			MaxShareRatio:  3,
-			SurgeFactor:    2.5,
+			SurgeFactor:    4,
 			MinPodRate:     1,
 		}
 		return s

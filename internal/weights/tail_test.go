@@ -228,7 +228,9 @@ func clearModelCache() {
 // limit: at a third of the fleet's capacity and a surge factor of 2.5, no group's share may
 // exceed 1/(2.5 x 0.34) of its capacity share. The fast pods still get more than that share.
 func TestTail_TheSurgeBoundNarrowsTheSplitAtLowLoad(t *testing.T) {
-	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, DefaultSettings(AlgorithmTail))
+	s := DefaultSettings(AlgorithmTail)
+	s.Tail.SurgeFactor = 2.5 // below 1/0.37: the bound, not the capacity fallback
+	d, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +424,7 @@ func TestTail_SettledSplitDoesNotFollowTheTrickleNoise(t *testing.T) {
 	// Converged weights: the cheap pods take nearly everything, the slow ones a trickle of
 	// about 1 rps whose count in a window is Poisson noise (here 0.6 to 1.6 rps). The trickle
 	// pods' weights must not chase it.
-	s := DefaultSettings(AlgorithmTail)
+	s := noSurgeBound() // the model's own split, which sends the slow pods a trickle
 	first, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)
