@@ -15,8 +15,8 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
 
-// deleteWithoutService deletes the managed ServiceEntries of this installation whose Service (of
-// the same name, in the same namespace) no longer exists, whether or not an operator leads: a
+// deleteWithoutService deletes the managed ServiceEntries of this installation whose Service (in
+// the same namespace, named by the slice's ServiceLabel, or as the ServiceEntry) no longer exists, whether or not an operator leads: a
 // ServiceEntry must never outlive its Service. Without the Service, istiod makes the
 // ServiceEntry the host's only service, and in ambient mode gives ztunnel a second workload for
 // every pod address, without tunnel or identity (test/istiod
@@ -60,7 +60,7 @@ func (w *watchdog) deleteWithoutService(ctx context.Context) (int, error) {
 		}
 		for i := range managed {
 			se := &managed[i]
-			if exists[types.NamespacedName{Namespace: se.Namespace, Name: se.Name}] {
+			if exists[types.NamespacedName{Namespace: se.Namespace, Name: serviceOf(se)}] {
 				continue
 			}
 			se.SetGroupVersionKind(serviceEntryGVK)
@@ -73,4 +73,13 @@ func (w *watchdog) deleteWithoutService(ctx context.Context) (int, error) {
 		}
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// serviceOf is the Service a managed ServiceEntry mirrors: its ServiceLabel, or, on one written
+// before slices, its name.
+func serviceOf(se *metav1.PartialObjectMetadata) string {
+	if name := se.Labels[controller.ServiceLabel]; name != "" {
+		return name
+	}
+	return se.Name
 }

@@ -195,19 +195,19 @@ func sizedServiceEntry(ns, name string, n int) *networkingv1.ServiceEntry {
 	return se
 }
 
-// The endpoint limit is real: the API server stores a ServiceEntry at istio.MaxEndpoints
+// The endpoint limit is real: the API server stores a ServiceEntry at istio.MaxSingleServiceEntryEndpoints
 // endpoints with ordinary labels, and etcd refuses one a little above 3,000.
 func TestServiceEntrySize_EtcdRefusesAboveTheLimit(t *testing.T) {
 	f := newFixture(t)
-	at := sizedServiceEntry(f.ns, "at-limit", istio.MaxEndpoints)
+	at := sizedServiceEntry(f.ns, "at-limit", istio.MaxSingleServiceEntryEndpoints)
 	if err := k8s.Create(f.ctx, at); err != nil {
-		t.Fatalf("%d endpoints with ordinary labels: %v", istio.MaxEndpoints, err)
+		t.Fatalf("%d endpoints with ordinary labels: %v", istio.MaxSingleServiceEntryEndpoints, err)
 	}
 	raw, err := json.Marshal(at)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d endpoints: %d bytes stored, %d bytes per endpoint", istio.MaxEndpoints, len(raw), len(raw)/istio.MaxEndpoints)
+	t.Logf("%d endpoints: %d bytes stored, %d bytes per endpoint", istio.MaxSingleServiceEntryEndpoints, len(raw), len(raw)/istio.MaxSingleServiceEntryEndpoints)
 	if len(raw) > istio.MaxEncodedBytes {
 		t.Fatalf("at the endpoint limit the ServiceEntry is %d bytes, above MaxEncodedBytes %d", len(raw), istio.MaxEncodedBytes)
 	}
