@@ -157,9 +157,9 @@ func TestMirror_TooManyEndpointsDeletesTheServiceEntry(t *testing.T) {
 	if !strings.Contains(c.Message, want) {
 		t.Fatalf("message %q lacks %q", c.Message, want)
 	}
-	f.eventually("ServiceEntry deleted", func() error {
-		if _, err := f.serviceEntry("big"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (err %v)", err)
+	f.eventually("every ServiceEntry slice deleted", func() error {
+		if left := f.serviceEntrySlices("big"); len(left) > 0 {
+			return fmt.Errorf("%d slices still there, the first %s", len(left), left[0].Name)
 		}
 		return nil
 	})

@@ -247,6 +247,8 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Metrics:       testMetrics,
 		ClusterDomain: "cluster.local",
 		MaxEndpoints:  suiteMaxEndpoints,
+		// Small slices, so that every test with more endpoints than this goes through slices.
+		SliceEndpoints: suiteSliceEndpoints,
 
 		StaleServiceEntryTimeout: suiteStaleTimeout,
 		InstallID:                suiteInstallID,
@@ -275,6 +277,10 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 // EndpointSlice controller puts in a slice). The real limit is checked against the API server by
 // TestServiceEntrySize_EtcdRefusesAboveTheLimit.
 const suiteMaxEndpoints = 110
+
+// suiteSliceEndpoints is the most endpoints per ServiceEntry slice in the suite: a Service of
+// 41 pods or more has several slices.
+const suiteSliceEndpoints = 40
 
 func zapLevel() zapLevelT {
 	if os.Getenv("ADAPTIVELB_TEST_DEBUG") != "" {
