@@ -141,7 +141,7 @@ func applyPlannedSlices(t *testing.T, f *xds.FakeDiscoveryServer, spec *apinetwo
 		if _, err := f.Store().Create(cfg); err != nil {
 			t.Fatalf("create ServiceEntry %s: %v", cfg.Name, err)
 		}
-		for _, ep := range w.Endpoints {
+		for _, ep := range cfg.Spec.(*apinetworkingv1.ServiceEntry).Endpoints {
 			want[ep.Address] = ep.Weight
 		}
 	}
