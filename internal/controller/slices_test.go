@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -241,4 +242,112 @@ func sliceNames(list []*networkingv1.ServiceEntry) []string {
 		out[i] = se.Name
 	}
 	return out
+}
+
+// A Service of 10,000 ready pods (four times what one ServiceEntry could hold in etcd) is
+// mirrored in slices and gets weights; one endpoint above the per-Service limit removes every
+// slice (clients fall back to the Kubernetes endpoints) and says why, and back under it the
+// slices return. Bounded: the pods are created by 8 writers, and every wait is the fixture's.
+func TestMirror_TenThousandPodsGetWeightsInSlices(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("huge")
+	const n = suiteMaxEndpoints + 1
+	eps := make([]sliceEndpoint, n)
+	ips := make([]string, n)
+	podAt := map[string]string{}
+	for i := range n {
+		pod, ip := fmt.Sprintf("huge-%05d", i), fmt.Sprintf("10.%d.%d.%d", 60+i/60000, i/240%250, i%240+1)
+		eps[i], ips[i], podAt[ip] = ready(pod, ip), ip, pod
+	}
+	f.createPods("huge", eps)
+	// EndpointSlices hold at most 1,000 endpoints.
+	setSlices := func(eps []sliceEndpoint) {
+		for s := 0; s*1000 < n; s++ {
+			f.slice("huge", fmt.Sprintf("huge-%02d", s), eps[min(s*1000, len(eps)):min((s+1)*1000, len(eps))]...)
+		}
+	}
+	setSlices(eps[:n-1])
+	f.alb("huge", "huge")
+	f.waitForAddresses("huge", slices.Clone(ips[:n-1])...)
+	list := f.serviceEntrySlices("huge")
+	if want := (n - 1) / suiteSliceEndpoints; len(list) != want {
+		t.Fatalf("%d slices for %d endpoints, want %d", len(list), n-1, want)
+	}
+	f.waitForCondition("huge", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+
+	// Weights for all of them, as the weight cycle writes them.
+	byIP := map[string]int{}
+	for i, ip := range ips[:n-1] {
+		byIP[ip] = 50 + i%200
+	}
+	f.writeWeightsAsTheCycle("huge", byIP, podAt)
+	union, err := f.serviceEntryUnion("huge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range union.Spec.Endpoints {
+		if int(e.Weight) != byIP[e.Address] {
+			t.Fatalf("%s has weight %d, want %d", e.Address, e.Weight, byIP[e.Address])
+		}
+	}
+	applied, ok := readApplied(union)
+	if !ok || len(applied) != n-1 {
+		t.Fatalf("the slices record %d weights, want %d", len(applied), n-1)
+	}
+
+	// One more endpoint than the limit: every slice goes.
+	setSlices(eps)
+	c := f.waitForCondition("huge", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonTooManyEndpoints)
+	if want := fmt.Sprintf("%d ready endpoints, above the limit of %d endpoints per Service", n, n-1); !strings.Contains(c.Message, want) {
+		t.Fatalf("message %q lacks %q", c.Message, want)
+	}
+	f.eventually("every ServiceEntry slice deleted", func() error {
+		if left := f.serviceEntrySlices("huge"); len(left) > 0 {
+			return fmt.Errorf("%d slices still there, the first %s", len(left), left[0].Name)
+		}
+		return nil
+	})
+	setSlices(eps[1:])
+	f.waitForAddresses("huge", slices.Clone(ips[1:])...)
+	f.waitForCondition("huge", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
+
+// createPods creates the pods of eps for app, as f.pod does (without their status, which the
+// mirror does not read: the EndpointSlices say which are ready), with 8 writers.
+func (f *fixture) createPods(app string, eps []sliceEndpoint) {
+	f.t.Helper()
+	work := make(chan sliceEndpoint)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			var first error
+			for e := range work {
+				if first != nil {
+					continue
+				}
+				p := &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: e.pod, Namespace: f.ns,
+						Labels:      map[string]string{"app": app, "version": "v1", "security.istio.io/tlsMode": "istio"},
+						Annotations: map[string]string{"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`}},
+					Spec: corev1.PodSpec{NodeName: "node-a", ServiceAccountName: app + "-sa",
+						Containers: []corev1.Container{{Name: "app", Image: "app"}, {Name: "istio-proxy", Image: "proxy"}}},
+				}
+				first = f.c.Create(f.ctx, p)
+			}
+			errs <- first
+		})
+	}
+	for _, e := range eps {
+		work <- e
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			f.t.Fatal(err)
+		}
+	}
 }
