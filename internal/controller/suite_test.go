@@ -248,7 +248,7 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		ClusterDomain: "cluster.local",
 		MaxEndpoints:  suiteMaxEndpoints,
 		// Small slices, so that every test with more endpoints than this goes through slices.
-		SliceEndpoints: suiteSliceEndpoints,
+		SliceEndpoints: suiteSlices(),
 
 		StaleServiceEntryTimeout: suiteStaleTimeout,
 		InstallID:                suiteInstallID,
@@ -297,6 +297,15 @@ func requireEnv(t testing.TB) {
 		t.Fatal(envSkipCause)
 	}
 	t.Skip(envSkipCause)
+}
+
+// suiteSlices is suiteSliceEndpoints, or ADAPTIVELB_BENCH_SLICE_ENDPOINTS for the slice
+// benchmark (BenchmarkServiceEntrySlices_EndpointChange).
+func suiteSlices() int {
+	if n, err := strconv.Atoi(os.Getenv("ADAPTIVELB_BENCH_SLICE_ENDPOINTS")); err == nil && n > 0 {
+		return n
+	}
+	return suiteSliceEndpoints
 }
 
 // benchWorkers is the operator's concurrent reconciles: the run command's default, or
