@@ -180,17 +180,21 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 	}
 	for _, name := range sortedSliceNames(set.primary, slices.Collect(maps.Keys(plan.Slices))) {
 		d := want(name, plan.Slices[name], time.Time{})
-		if err := istio.CheckSliceSize(d.spec, recordBytes(d.applied)); err != nil {
-			return 0, fmt.Errorf("Service %s/%s, ServiceEntry %s: %w", alb.Namespace, set.primary, name, err)
-		}
 		newest, cached := set.newest[name], set.cached[name]
 		if newest != nil && cached != nil && newest.ResourceVersion != cached.ResourceVersion && r.upToDate(newest, d) && !r.upToDate(cached, d) {
 			return 0, errStaleView
 		}
-		if !planned[name] && newest != nil && !r.upToDate(newest, d) {
+		rewrite := !planned[name] && newest != nil && !r.upToDate(newest, d)
+		if rewrite {
 			// Same endpoints, but the ports, host, labels or record changed: every slice must
 			// carry exactly the Service's ports, or istiod drops the weights on those it lacks.
 			writes = append(writes, istio.SliceWrite{Name: name, Endpoints: plan.Slices[name]})
+		}
+		if planned[name] || rewrite {
+			// Only what is written: the others were checked when they were.
+			if err := istio.CheckSliceSize(d.spec, recordBytes(d.applied)); err != nil {
+				return 0, fmt.Errorf("Service %s/%s, ServiceEntry %s: %w", alb.Namespace, set.primary, name, err)
+			}
 		}
 		if newest == nil && name != set.primary {
 			taken, err := r.sliceTaken(ctx, alb, name, live)

@@ -39,7 +39,7 @@ func LimitWeightSum(entries []*apinetworkingv1.WorkloadEntry) bool {
 // MaxEndpoints is the most endpoints one Service may have mirrored, across all its slices
 // (slices.go). A slice holds at most MaxSliceEndpoints, so the bound is not etcd's object size
 // but what one Service costs the operator: the weight cycle reads and plans every endpoint, and
-// a weight write rewrites up to MaxEndpoints/MaxSliceEndpoints objects (40). It also keeps the
+// a weight write rewrites up to MaxEndpoints/MaxSliceEndpoints objects (200). It also keeps the
 // sum of weights of a Service bounded: LimitWeightSum scales them over the whole Service. A
 // Service with more endpoints is not mirrored: its clients use the Kubernetes endpoints,
 // unweighted.
@@ -74,13 +74,8 @@ func checkCount(spec *apinetworkingv1.ServiceEntry, maxEndpoints int) error {
 
 // CheckSliceSize refuses one slice whose spec and the reserved bytes stored beside it (the
 // operator's annotations) exceed MaxEncodedBytes: at MaxSliceEndpoints endpoints only labels
-// about five times longer than usual can.
+// some twenty-five times longer than usual can (14 KB per endpoint).
 func CheckSliceSize(spec *apinetworkingv1.ServiceEntry, reserved int) error {
-	// Below a few hundred endpoints the size cannot approach the limit with any real labels;
-	// above, one encoding per write is cheap beside the write itself.
-	if len(spec.Endpoints) < 256 {
-		return nil
-	}
 	raw, err := json.Marshal(spec)
 	if err != nil {
 		return fmt.Errorf("encode ServiceEntry: %w", err)

@@ -158,11 +158,12 @@ func TestCheckSliceSize_RefusesASliceTooLargeForEtcd(t *testing.T) {
 	if err := CheckSliceSize(whole, 0); err != nil {
 		t.Fatalf("a full slice of ordinary labels: %v", err)
 	}
-	// A full slice with very long labels is refused by size, with what to do.
+	// A full slice with very long labels (thirty of 63 characters under keys of 400) is refused
+	// by size, with what to do.
 	in = largeInput(MaxSliceEndpoints, 100, ordinary)
 	for _, p := range in.Pods {
-		for i := range 8 {
-			p.Labels[fmt.Sprintf("example.com/annotation-like-label-%d", i)] = fmt.Sprintf("%0350d", i)
+		for i := range 30 {
+			p.Labels[fmt.Sprintf("example.com/%0380d", i)] = fmt.Sprintf("%063d", i)
 		}
 	}
 	whole, _, err = Build(in)
@@ -171,7 +172,7 @@ func TestCheckSliceSize_RefusesASliceTooLargeForEtcd(t *testing.T) {
 	}
 	err = CheckSliceSize(whole, 0)
 	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "shorten the pods' labels") {
-		t.Fatalf("500 endpoints with 3 KB of labels each: err %v, want ErrTooLarge saying what to do", err)
+		t.Fatalf("%d endpoints with 14 KB of labels each: err %v, want ErrTooLarge saying what to do", MaxSliceEndpoints, err)
 	}
 }
 

@@ -17,16 +17,18 @@ import (
 // membership change rewrites one slice instead of the whole list, and a Service of any size fits
 // etcd's object limit.
 
-// MaxSliceEndpoints is the most endpoints one slice carries. EndpointSlices hold 100, but a
-// ServiceEntry write costs per object as well as per byte (an update of a custom resource is
-// decoded, converted, validated and stored whole, and istiod re-reads the object), and every
-// slice repeats the host, addresses and ports; a weight cycle that moves every weight writes
-// every slice. At 500 endpoints of ordinary labels (534 bytes each stored) a slice is about
-// 270 KB: a membership change in a 2,000-pod Service rewrites a quarter of what one
-// ServiceEntry would, a 10,000-pod Service is 20 objects, and labels five times longer than
-// usual still fit MaxEncodedBytes. See docs/benchmarks.md (ServiceEntry slices) for the
-// measured cost per endpoint change.
-const MaxSliceEndpoints = 500
+// MaxSliceEndpoints is the most endpoints one slice carries: 100, as in an EndpointSlice. The
+// API server's CPU for a ServiceEntry update grows with its endpoints, not per object: Istio's
+// CRD validates every endpoint (its OpenAPI schema and CEL rules), about 0.35-0.5 ms of CPU per
+// endpoint on the test machine, while no fixed cost per object showed. Measured per endpoint
+// change of a 2,000-pod Service (BenchmarkServiceEntrySlices_EndpointChange, docs/benchmarks.md):
+// one ServiceEntry of 2,000 endpoints cost 1,020 ms and 601 KB written, slices of 500 cost
+// 192-237 ms and 148 KB, slices of 100 36 ms and 31 KB. A weight write that moves every weight
+// costs about the same in all three (every endpoint is validated once), in more but smaller
+// writes: 100 for a 10,000-pod Service, half a second of the client's default 200 requests/s.
+// Smaller slices would cut the membership cost further but multiply the objects istiod and the
+// watchdog handle for a large Service.
+const MaxSliceEndpoints = 100
 
 // sliceSeparator joins the Service's name and a slice's number. A Service name is a DNS-1035
 // label, which has no dot, so no slice name is ever another Service's first slice.

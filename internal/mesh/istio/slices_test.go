@@ -217,9 +217,9 @@ func TestPlanSlices_MembershipChangeRewritesOnlyItsSlice(t *testing.T) {
 	for i := range 2000 {
 		desired = append(desired, entry(i, 100))
 	}
-	plan := PlanSlices("web", nil, desired, 0)
+	plan := PlanSlices("web", nil, desired, 500)
 	if len(plan.Slices) != 4 {
-		t.Fatalf("2,000 endpoints in %d slices, want 4 of %d", len(plan.Slices), MaxSliceEndpoints)
+		t.Fatalf("2,000 endpoints in %d slices, want 4 of 500", len(plan.Slices))
 	}
 	state := applyPlan(nil, plan, func(string, map[string][]*apinetworkingv1.WorkloadEntry) {})
 
@@ -232,7 +232,7 @@ func TestPlanSlices_MembershipChangeRewritesOnlyItsSlice(t *testing.T) {
 		}
 	}
 	rest := slices.DeleteFunc(slices.Clone(desired), func(e *apinetworkingv1.WorkloadEntry) bool { return e.Address == leaving })
-	plan = PlanSlices("web", state, rest, 0)
+	plan = PlanSlices("web", state, rest, 500)
 	if len(plan.Writes) != 1 || plan.Writes[0].Name != home || len(plan.Deletes) != 0 {
 		t.Fatalf("one endpoint leaving slice %s planned writes %v and deletes %v; want one write of %s", home, names(plan.Writes), plan.Deletes, home)
 	}
@@ -240,7 +240,7 @@ func TestPlanSlices_MembershipChangeRewritesOnlyItsSlice(t *testing.T) {
 
 	// Its replacement arrives at a new address: it fills the hole, one write.
 	rest = append(rest, entry(5000, 100))
-	plan = PlanSlices("web", state, rest, 0)
+	plan = PlanSlices("web", state, rest, 500)
 	if len(plan.Writes) != 1 || len(plan.Deletes) != 0 {
 		t.Fatalf("one new endpoint planned writes %v and deletes %v; want one write", names(plan.Writes), plan.Deletes)
 	}
@@ -250,7 +250,7 @@ func TestPlanSlices_MembershipChangeRewritesOnlyItsSlice(t *testing.T) {
 	changed := slices.Clone(rest)
 	changed[10] = entry(10, 300)   // slice web
 	changed[1900] = entry(1900, 7) // slice web.3
-	plan = PlanSlices("web", state, changed, 0)
+	plan = PlanSlices("web", state, changed, 500)
 	if got := names(plan.Writes); !slices.Equal(got, []string{"web", "web.3"}) || len(plan.Deletes) != 0 {
 		t.Fatalf("weights changed in web and web.3, planned writes %v and deletes %v", got, plan.Deletes)
 	}
@@ -267,7 +267,7 @@ func TestPlanSlices_OneBigServiceEntrySplitsWithoutAGap(t *testing.T) {
 		desired = append(desired, entry(i, 100+uint32(i%3)))
 	}
 	state := map[string][]*apinetworkingv1.WorkloadEntry{"web": old}
-	plan := PlanSlices("web", state, desired, 0)
+	plan := PlanSlices("web", state, desired, 500)
 	before, after := map[string]*apinetworkingv1.WorkloadEntry{}, map[string]*apinetworkingv1.WorkloadEntry{}
 	for _, e := range old {
 		before[e.Address] = e
@@ -278,7 +278,7 @@ func TestPlanSlices_OneBigServiceEntrySplitsWithoutAGap(t *testing.T) {
 	got := applyPlan(state, plan, func(step string, st map[string][]*apinetworkingv1.WorkloadEntry) {
 		checkStep(t, step, st, before, after)
 	})
-	checkFinal(t, "web", got, plan, desired, MaxSliceEndpoints)
+	checkFinal(t, "web", got, plan, desired, 500)
 	want := []string{"web.1", "web.2", "web.3", "web", "web.1", "web.2", "web.3"}
 	if !slices.Equal(names(plan.Writes), want) {
 		t.Fatalf("writes %v, want %v: the new homes, the primary, then the moved endpoints' new weights", names(plan.Writes), want)
