@@ -250,7 +250,7 @@ type AdaptiveLoadBalancerStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
 	// ServiceEntry is the name of the ServiceEntry the operator owns for this Service: its first
-	// slice, named as the Service. A Service with more endpoints than one slice holds (500) has
+	// slice, named as the Service. A Service with more endpoints than one slice holds (100) has
 	// further slices named <serviceEntry>.1, <serviceEntry>.2 and so on, all of the same host.
 	// +optional
 	ServiceEntry string `json:"serviceEntry,omitempty"`
