@@ -249,9 +249,15 @@ type AdaptiveLoadBalancerStatus struct {
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
-	// ServiceEntry is the name of the ServiceEntry the operator owns for this Service.
+	// ServiceEntry is the name of the ServiceEntry the operator owns for this Service: its first
+	// slice, named as the Service. A Service with more endpoints than one slice holds (100) has
+	// further slices named <serviceEntry>.1, <serviceEntry>.2 and so on, all of the same host.
 	// +optional
 	ServiceEntry string `json:"serviceEntry,omitempty"`
+
+	// ServiceEntrySlices is the number of ServiceEntries the endpoints are split across.
+	// +optional
+	ServiceEntrySlices int32 `json:"serviceEntrySlices,omitempty"`
 
 	// EndpointCount is the number of endpoints mirrored into the ServiceEntry.
 	// +optional

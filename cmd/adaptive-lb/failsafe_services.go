@@ -16,8 +16,8 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/controller"
 )
 
-// deleteWithoutService deletes the managed ServiceEntries of this installation whose Service (of
-// the same name, in the same namespace) no longer exists, whether or not an operator leads: a
+// deleteWithoutService deletes the managed ServiceEntries of this installation whose Service (in
+// the same namespace, named by the slice's ServiceLabel, or as the ServiceEntry) no longer exists, whether or not an operator leads: a
 // ServiceEntry must never outlive its Service. Without the Service, istiod makes the
 // ServiceEntry the host's only service, and in ambient mode gives ztunnel a second workload for
 // every pod address, without tunnel or identity (test/istiod
@@ -61,7 +61,7 @@ func (w *watchdog) deleteWithoutService(ctx context.Context) (int, error) {
 		}
 		for i := range managed {
 			se := &managed[i]
-			if exists[types.NamespacedName{Namespace: se.Namespace, Name: se.Name}] {
+			if exists[types.NamespacedName{Namespace: se.Namespace, Name: serviceOf(se)}] {
 				continue
 			}
 			se.SetGroupVersionKind(serviceEntryGVK)
@@ -73,11 +73,20 @@ func (w *watchdog) deleteWithoutService(ctx context.Context) (int, error) {
 			w.logger.Info("deleted a ServiceEntry whose Service is gone", "serviceEntry", types.NamespacedName{Namespace: se.Namespace, Name: se.Name})
 			// The mirror owns this status, and no operator may be running to write it: without
 			// this, it would go on claiming a ServiceEntry that no longer exists.
-			why := fmt.Sprintf("Service %s/%s does not exist: the fail-open watchdog deleted its ServiceEntry; create the Service or fix spec.targetRef.name", se.Namespace, se.Name)
+			why := fmt.Sprintf("Service %s/%s does not exist: the fail-open watchdog deleted its ServiceEntry %s; create the Service or fix spec.targetRef.name", se.Namespace, serviceOf(se), se.Name)
 			if err := controller.MarkServiceEntryRemoved(ctx, w.client, se, adlbv1.ReasonTargetNotFound, why); err != nil {
 				w.logger.Error(err, "cannot say on its AdaptiveLoadBalancer that the ServiceEntry is deleted", "serviceEntry", types.NamespacedName{Namespace: se.Namespace, Name: se.Name})
 			}
 		}
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// serviceOf is the Service a managed ServiceEntry mirrors: its ServiceLabel, or, on one written
+// before slices, its name.
+func serviceOf(se *metav1.PartialObjectMetadata) string {
+	if name := se.Labels[controller.ServiceLabel]; name != "" {
+		return name
+	}
+	return se.Name
 }

@@ -423,16 +423,34 @@ func TestFailsafe_DeletesAServiceEntryWhoseServiceIsGone(t *testing.T) {
 	stopA, logsA := c.start("A", false)
 	c.waitForEndpoints(2, logsA)
 	stopA() // a crash: the heartbeat stays, unrenewed, far from stale below
+	// A further slice of the Service's ServiceEntry, named web.1, labelled as the operator labels
+	// its slices: no Service is named web.1, but its Service (its ServiceLabel) is there.
+	first := &networkingv1.ServiceEntry{}
+	if err := c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web"}, first); err != nil {
+		t.Fatal(err)
+	}
+	if first.Labels[controller.ServiceLabel] != "web" {
+		t.Fatalf("the ServiceEntry's labels %v lack %s=web", first.Labels, controller.ServiceLabel)
+	}
+	slice := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: opsApp, Name: "web.1", Labels: first.Labels, OwnerReferences: first.OwnerReferences}}
+	first.Spec.DeepCopyInto(&slice.Spec)
+	if err := c.admin.Create(c.ctx, slice); err != nil {
+		t.Fatal(err)
+	}
+	sliceGone := func() bool {
+		return apierrors.IsNotFound(c.admin.Get(c.ctx, types.NamespacedName{Namespace: opsApp, Name: "web.1"}, &networkingv1.ServiceEntry{}))
+	}
 	stopWatchdog, logs := c.startFailsafe("--stale-after", "10m", "--check-interval", "200ms", "--log-level", "debug")
 	defer stopWatchdog()
 	c.waitFor("a few checks", func() bool { return strings.Count(logs.String(), "heartbeat fresh") >= 5 }, logs)
-	if c.serviceEntryGone() {
-		t.Fatalf("the watchdog deleted the ServiceEntry of an existing Service:\n%s", logs)
+	if c.serviceEntryGone() || sliceGone() {
+		t.Fatalf("the watchdog deleted a ServiceEntry slice of an existing Service (web gone: %v, web.1 gone: %v):\n%s", c.serviceEntryGone(), sliceGone(), logs)
 	}
 	if err := c.admin.Delete(c.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: opsApp, Name: "web"}}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitFor("the watchdog deletes the ServiceEntry whose Service is gone", c.serviceEntryGone, logs)
+	c.waitFor("the watchdog deletes its further slice too", sliceGone, logs)
 	c.waitFor("the deletion is logged", func() bool {
 		return strings.Contains(logs.String(), "deleted a ServiceEntry whose Service is gone")
 	}, logs)

@@ -89,8 +89,11 @@ type AdaptiveLoadBalancerReconciler struct {
 	Metrics  *Metrics
 	// ClusterDomain is the cluster's DNS domain (cluster.local by default).
 	ClusterDomain string
-	// MaxEndpoints is the most endpoints a ServiceEntry may carry (0: istio.MaxEndpoints).
+	// MaxEndpoints is the most endpoints a Service may have mirrored (0: istio.MaxEndpoints).
 	MaxEndpoints int
+	// SliceEndpoints is the most endpoints one ServiceEntry slice carries (0:
+	// istio.MaxSliceEndpoints).
+	SliceEndpoints int
 	// Activity, if set, counts reconciles under way; once it is closed none starts.
 	Activity *Activity
 	// StaleServiceEntryTimeout is how long the mirror of a Service may keep failing before its
@@ -224,6 +227,7 @@ type mirrorOutcome struct {
 	reason        string
 	message       string
 	serviceEntry  string
+	slices        int // how many ServiceEntries serviceEntry's endpoints are split across
 	endpoints     []istio.Endpoint
 	keepEndpoints bool // an API failure: leave the last reported endpoints in status
 	wroteWeights  bool
@@ -283,7 +287,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	case err != nil:
 		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
-	outcome, err := r.mirrorInto(ctx, alb, svc, r.Versions.newest(key, cached), cached)
+	outcome, err := r.mirrorInto(ctx, alb, svc, r.Versions.newest(key, cached), cached, false)
 	if errors.Is(err, errStaleView) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
 		// The cache and the remembered version disagree, or someone else wrote since: decide
 		// on the API server's current object.
@@ -294,7 +298,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 			return mirrorOutcome{}, fmt.Errorf("read ServiceEntry %s/%s from the API server: %w", key.Namespace, key.Name, err)
 		}
 		r.Versions.forget(key)
-		outcome, err = r.mirrorInto(ctx, alb, svc, live, live)
+		outcome, err = r.mirrorInto(ctx, alb, svc, live, live, true)
 	}
 	return outcome, err
 }
@@ -303,9 +307,10 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 // that does not: either the cache lags the operator's last write or someone else edited it.
 var errStaleView = errors.New("cached ServiceEntry differs from the remembered one")
 
-// mirrorInto writes the desired ServiceEntry over existing (nil: none), the newest version known,
-// and cached, the informer's version of it.
-func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry) (mirrorOutcome, error) {
+// mirrorInto writes the desired ServiceEntry slices; existing (nil: none) is the newest version
+// known of the first, cached the informer's version of it, and live says both were read from
+// the API server (then so are the other slices).
+func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, live bool) (mirrorOutcome, error) {
 	if existing != nil && !metav1.IsControlledBy(existing, alb) {
 		if previous, err := r.ofAPreviousIncarnation(ctx, alb, existing); err != nil {
 			return mirrorOutcome{}, err
@@ -316,13 +321,23 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 				"previousOwner", metav1.GetControllerOf(existing).UID)
 			r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryTakenOver, "Took over ServiceEntry %s from an earlier AdaptiveLoadBalancer %s (UID %s), deleted before this one was created",
 				existing.Name, alb.Name, metav1.GetControllerOf(existing).UID)
-			return r.mirrorOwned(ctx, alb, svc, existing, cached)
+			return r.mirrorOwned(ctx, alb, svc, existing, cached, live)
 		}
-		msg := fmt.Sprintf("ServiceEntry %s/%s exists and is not owned by this AdaptiveLoadBalancer; adaptive-lb never overwrites it. Rename or delete it to let adaptive-lb manage the Service.", existing.Namespace, existing.Name)
-		r.Recorder.Event(alb, corev1.EventTypeWarning, EventNotOwned, msg)
-		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonServiceEntryNotOwned, message: msg}, nil
+		// The other slices, if alb has any, would carry the Service's endpoints beside a
+		// ServiceEntry nobody keeps in step with them.
+		if _, err := r.deleteSlices(ctx, alb, nil, live, "its first ServiceEntry is someone else's"); err != nil {
+			return mirrorOutcome{}, err
+		}
+		return r.notOwned(alb, errForeignSlice{se: existing}), nil
 	}
-	return r.mirrorOwned(ctx, alb, svc, existing, cached)
+	return r.mirrorOwned(ctx, alb, svc, existing, cached, live)
+}
+
+// notOwned is the outcome for a ServiceEntry of the Service's, or of one of its slices' names,
+// that someone else owns.
+func (r *AdaptiveLoadBalancerReconciler) notOwned(alb *adlbv1.AdaptiveLoadBalancer, err errForeignSlice) mirrorOutcome {
+	r.Recorder.Event(alb, corev1.EventTypeWarning, EventNotOwned, err.Error())
+	return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonServiceEntryNotOwned, message: err.Error()}
 }
 
 // ofAPreviousIncarnation reports whether se is adaptive-lb's ServiceEntry written for an earlier
@@ -343,9 +358,16 @@ func (r *AdaptiveLoadBalancerReconciler) ofAPreviousIncarnation(ctx context.Cont
 	return live.UID == alb.UID, nil
 }
 
-// mirrorOwned writes the desired ServiceEntry over existing, which alb controls or takes over.
-func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry) (mirrorOutcome, error) {
-	in, err := r.gather(ctx, alb, svc, existing)
+// mirrorOwned writes the desired ServiceEntry slices over the existing ones; existing, the
+// first, alb controls or takes over.
+func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, live bool) (mirrorOutcome, error) {
+	set, err := r.ownedSlices(ctx, alb, existing, cached, live)
+	if err != nil {
+		return mirrorOutcome{}, err
+	}
+	// What reads the Service's endpoints and record as a whole reads the union of the slices.
+	view := set.view()
+	in, err := r.gather(ctx, alb, svc, view)
 	var spec *apinetworkingv1.ServiceEntry
 	var endpoints []istio.Endpoint
 	if err == nil {
@@ -363,20 +385,12 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
 	}
 	if errors.Is(err, istio.ErrTooLarge) {
-		// The last ServiceEntry written would keep overriding the Kubernetes endpoints while
-		// every further write fails: remove it, so clients fall back to all endpoints.
-		if existing != nil {
-			if err := r.deleteServiceEntry(ctx, alb, existing, "it would exceed etcd's object size limit"); err != nil {
-				return mirrorOutcome{}, err
-			}
-		}
-		r.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonTooManyEndpoints, err.Error())
-		return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonTooManyEndpoints, message: err.Error()}, nil
+		return r.tooLarge(ctx, alb, existing, live, err)
 	}
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
-	replanned, plannedAt := r.Membership.replanWeights(alb, existing, endpoints)
+	replanned, plannedAt := r.Membership.replanWeights(alb, view, endpoints)
 	undone := false
 	if replanned == nil {
 		replanned, plannedAt = r.Membership.undoReplan(alb, endpoints)
@@ -398,15 +412,21 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 		}
 		log.FromContext(ctx).Info(msg, "endpoints", len(endpoints))
 	}
-	want := desiredServiceEntry{spec: spec, applied: appliedOf(endpoints)}
+	var stamp time.Time
 	if replanned != nil {
-		want.replannedAt = plannedAt
+		stamp = plannedAt
 	}
-	if existing != nil && cached != nil && existing.ResourceVersion != cached.ResourceVersion &&
-		r.upToDate(existing, want) && !r.upToDate(cached, want) {
-		return mirrorOutcome{}, errStaleView
-	}
-	if err := r.apply(ctx, alb, existing, want, WriteReasonEndpoints); err != nil {
+	count, err := r.writeSlices(ctx, alb, set, spec, endpoints, stamp, live, WriteReasonEndpoints)
+	var foreign errForeignSlice
+	switch {
+	case errors.As(err, &foreign):
+		if _, err := r.deleteSlices(ctx, alb, existing, live, fmt.Sprintf("ServiceEntry %s, which one of its slices needs, is someone else's", foreign.se.Name)); err != nil {
+			return mirrorOutcome{}, err
+		}
+		return r.notOwned(alb, foreign), nil
+	case errors.Is(err, istio.ErrTooLarge):
+		return r.tooLarge(ctx, alb, existing, live, err)
+	case err != nil:
 		return mirrorOutcome{}, err
 	}
 	switch {
@@ -429,13 +449,25 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 		// the throttle on endpoint-only status writes (the count is in status.endpointCount).
 		message:      fmt.Sprintf("ServiceEntry %s mirrors the ready endpoints of Service %s", svc.Name, svc.Name),
 		serviceEntry: svc.Name,
+		slices:       count,
 		endpoints:    endpoints,
 	}, nil
 }
 
-// desiredServiceEntry is what the mirror writes: the spec, and the operator's record of the
-// weights it applied (applied.go).
+// tooLarge removes the Service's slices, which would keep overriding the Kubernetes endpoints
+// while every further write fails, so that clients fall back to all endpoints.
+func (r *AdaptiveLoadBalancerReconciler) tooLarge(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, live bool, tooLarge error) (mirrorOutcome, error) {
+	if _, err := r.deleteSlices(ctx, alb, existing, live, "the Service is too large to mirror"); err != nil {
+		return mirrorOutcome{}, err
+	}
+	r.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonTooManyEndpoints, tooLarge.Error())
+	return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonTooManyEndpoints, message: tooLarge.Error()}, nil
+}
+
+// desiredServiceEntry is what the mirror writes to one slice: its name, its spec, and the
+// operator's record of the weights it applied to the slice's endpoints (applied.go).
 type desiredServiceEntry struct {
+	name    string
 	spec    *apinetworkingv1.ServiceEntry
 	applied appliedWeights
 	// replannedAt, when set, is the time of the re-plan this write carries; otherwise the
@@ -477,6 +509,7 @@ func (r *AdaptiveLoadBalancerReconciler) stampLabels(se *networkingv1.ServiceEnt
 	}
 	se.Labels[ManagedByLabel] = ManagedByValue
 	se.Labels[ServiceEntryOwnerLabel] = alb.Name
+	se.Labels[ServiceLabel] = alb.Spec.TargetRef.Name
 	if r.InstallID != "" {
 		se.Labels[InstallLabel] = r.InstallID
 	}
@@ -579,7 +612,6 @@ func (r *AdaptiveLoadBalancerReconciler) gather(ctx context.Context, alb *adlbv1
 		return r.Membership.RecentWeight(client.ObjectKeyFromObject(alb), ip, pod)
 	}
 	in.Weights, in.DefaultWeight = currentWeights(alb, existing, in.Pods, in.Nodes, recent)
-	in.ReservedBytes = recordBytes(in.Pods)
 	return in, nil
 }
 
@@ -605,10 +637,10 @@ func refusalReason(err error) string {
 	return ""
 }
 
-// apply creates or updates the ServiceEntry when, and only when, the desired spec or record
-// differs.
-func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, want desiredServiceEntry, reason string) error {
-	name, spec := alb.Spec.TargetRef.Name, want.spec
+// apply creates or updates one slice when, and only when, the desired spec or record differs,
+// and returns the version written (existing when up to date).
+func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, want desiredServiceEntry, reason string) (*networkingv1.ServiceEntry, error) {
+	name, spec := want.name, want.spec
 	if existing == nil {
 		se := &networkingv1.ServiceEntry{
 			ObjectMeta: metav1.ObjectMeta{
@@ -620,19 +652,19 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		stampRecord(se, want)
 		proto.Merge(&se.Spec, spec)
 		if err := controllerutil.SetControllerReference(alb, se, r.Scheme); err != nil {
-			return fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+			return nil, fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
 		if err := r.Create(ctx, se); err != nil {
-			return fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+			return nil, fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
 		r.Versions.remember(se)
 		r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryCreated, "Created ServiceEntry %s with %d endpoints", name, len(spec.Endpoints))
 		log.FromContext(ctx).Info("ServiceEntry created", "serviceEntry", client.ObjectKeyFromObject(se), "endpoints", len(spec.Endpoints), "writeReason", reason)
-		return nil
+		return se, nil
 	}
 	if r.upToDate(existing, want) && metav1.IsControlledBy(existing, alb) {
-		return nil
+		return existing, nil
 	}
 	// An update based on the newest known version (see serviceEntryVersions): it conflicts only
 	// when someone else wrote since, and then the caller reads the live object and retries.
@@ -647,16 +679,16 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 			return ref.Controller != nil && *ref.Controller
 		})
 		if err := controllerutil.SetControllerReference(alb, updated, r.Scheme); err != nil {
-			return fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+			return nil, fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
 	}
 	if err := r.Update(ctx, updated); err != nil {
-		return fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
+		return nil, fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
 	r.Versions.remember(updated)
 	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 	log.FromContext(ctx).Info("ServiceEntry updated", "serviceEntry", client.ObjectKeyFromObject(updated), "endpoints", len(spec.Endpoints), "writeReason", reason)
-	return nil
+	return updated, nil
 }
 
 // deleteOwnedServiceEntry removes the ServiceEntry this AdaptiveLoadBalancer owns, if any, because
@@ -669,15 +701,13 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 		// The cache may not have seen a ServiceEntry this operator created a moment ago, and its
 		// watch event, the operator's own write, starts no reconcile (notOwnWrite): the version
 		// remembered from that write stands in for it.
-		if se = r.Versions.newest(key, nil); se == nil {
-			return nil
-		}
-		err = nil
+		se, err = r.Versions.newest(key, nil), nil
 	}
 	if err != nil {
 		return fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
-	return r.deleteServiceEntry(ctx, alb, se, fmt.Sprintf("its Service cannot be mirrored (%s)", reason))
+	_, err = r.deleteSlices(ctx, alb, se, false, fmt.Sprintf("its Service cannot be mirrored (%s)", reason))
+	return err
 }
 
 // deleteServiceEntry deletes se if alb controls it; why completes the event's message.
@@ -718,7 +748,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 		return fmt.Errorf("list ServiceEntries owned by AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
 	}
 	for _, cached := range owned.Items {
-		if cached.Name == alb.Spec.TargetRef.Name || !metav1.IsControlledBy(cached, alb) {
+		if _, slice := istio.SliceIndex(alb.Spec.TargetRef.Name, cached.Name); slice || !metav1.IsControlledBy(cached, alb) {
 			continue
 		}
 		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: cached.Namespace, Name: cached.Name, UID: cached.UID}}
@@ -800,6 +830,7 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 				r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
 			}
 			status.ServiceEntry = o.serviceEntry
+			status.ServiceEntrySlices = int32(o.slices)
 			status.EndpointCount = int32(len(o.endpoints))
 			replanned := func(ip string, weight uint32) bool { return r.Membership.ReplannedWeight(key, ip, weight) }
 			status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun, replanned)

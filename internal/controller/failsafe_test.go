@@ -133,41 +133,6 @@ func TestMirror_ABlockedAdaptiveLoadBalancerRecovers(t *testing.T) {
 	}
 }
 
-// Above the endpoint limit the ServiceEntry is deleted (clients fall back to the Kubernetes
-// endpoints) and the condition says why; below it again, it returns.
-func TestMirror_TooManyEndpointsDeletesTheServiceEntry(t *testing.T) {
-	f := newFixture(t)
-	f.node("node-a", "eu-west", "eu-west-1a")
-	f.service("big")
-	var eps []sliceEndpoint
-	var ips []string
-	for i := range suiteMaxEndpoints + 1 {
-		name, ip := fmt.Sprintf("big-%d", i), fmt.Sprintf("10.34.%d.%d", i/200, i%200+1)
-		f.pod("big", name, ip)
-		eps = append(eps, ready(name, ip))
-		ips = append(ips, ip)
-	}
-	f.slice("big", "big-x", eps[:suiteMaxEndpoints]...)
-	f.alb("big", "big")
-	f.waitForAddresses("big", ips[:suiteMaxEndpoints]...)
-
-	f.slice("big", "big-x", eps...)
-	c := f.waitForCondition("big", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonTooManyEndpoints)
-	want := fmt.Sprintf("%d ready endpoints, above the limit of %d", suiteMaxEndpoints+1, suiteMaxEndpoints)
-	if !strings.Contains(c.Message, want) {
-		t.Fatalf("message %q lacks %q", c.Message, want)
-	}
-	f.eventually("ServiceEntry deleted", func() error {
-		if _, err := f.serviceEntry("big"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("still there (err %v)", err)
-		}
-		return nil
-	})
-	f.slice("big", "big-x", eps[1:]...)
-	f.waitForAddresses("big", ips[1:]...)
-	f.waitForCondition("big", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
-}
-
 // ordinaryLabels are the labels of a pod of a typical Helm-installed Deployment in the mesh, as
 // in the istio package's sizing test.
 func ordinaryLabels(app string) map[string]string {
@@ -195,19 +160,19 @@ func sizedServiceEntry(ns, name string, n int) *networkingv1.ServiceEntry {
 	return se
 }
 
-// The endpoint limit is real: the API server stores a ServiceEntry at istio.MaxEndpoints
+// The endpoint limit is real: the API server stores a ServiceEntry at istio.MaxSingleServiceEntryEndpoints
 // endpoints with ordinary labels, and etcd refuses one a little above 3,000.
 func TestServiceEntrySize_EtcdRefusesAboveTheLimit(t *testing.T) {
 	f := newFixture(t)
-	at := sizedServiceEntry(f.ns, "at-limit", istio.MaxEndpoints)
+	at := sizedServiceEntry(f.ns, "at-limit", istio.MaxSingleServiceEntryEndpoints)
 	if err := k8s.Create(f.ctx, at); err != nil {
-		t.Fatalf("%d endpoints with ordinary labels: %v", istio.MaxEndpoints, err)
+		t.Fatalf("%d endpoints with ordinary labels: %v", istio.MaxSingleServiceEntryEndpoints, err)
 	}
 	raw, err := json.Marshal(at)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d endpoints: %d bytes stored, %d bytes per endpoint", istio.MaxEndpoints, len(raw), len(raw)/istio.MaxEndpoints)
+	t.Logf("%d endpoints: %d bytes stored, %d bytes per endpoint", istio.MaxSingleServiceEntryEndpoints, len(raw), len(raw)/istio.MaxSingleServiceEntryEndpoints)
 	if len(raw) > istio.MaxEncodedBytes {
 		t.Fatalf("at the endpoint limit the ServiceEntry is %d bytes, above MaxEncodedBytes %d", len(raw), istio.MaxEncodedBytes)
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
@@ -242,6 +244,43 @@ func (f *fixture) serviceEntry(name string) (*networkingv1.ServiceEntry, error) 
 	return se, err
 }
 
+// serviceEntrySlices returns the ServiceEntry slices of the Service whose first slice is name,
+// in number order, the first one included if it exists.
+func (f *fixture) serviceEntrySlices(name string) []*networkingv1.ServiceEntry {
+	f.t.Helper()
+	var list networkingv1.ServiceEntryList
+	if err := f.c.List(f.ctx, &list, client.InNamespace(f.ns)); err != nil {
+		f.t.Fatal(err)
+	}
+	var out []*networkingv1.ServiceEntry
+	for _, se := range list.Items {
+		if _, ok := istio.SliceIndex(name, se.Name); ok {
+			out = append(out, se)
+		}
+	}
+	slices.SortFunc(out, func(a, b *networkingv1.ServiceEntry) int {
+		i, _ := istio.SliceIndex(name, a.Name)
+		j, _ := istio.SliceIndex(name, b.Name)
+		return i - j
+	})
+	return out
+}
+
+// serviceEntryUnion is the union of the Service's ServiceEntry slices as one object (the weight
+// cycle's view), NotFound when there is none.
+func (f *fixture) serviceEntryUnion(name string) (*networkingv1.ServiceEntry, error) {
+	list := f.serviceEntrySlices(name)
+	if len(list) == 0 || list[0].Name != name {
+		return f.serviceEntry(name)
+	}
+	if len(list) == 1 {
+		return list[0], nil
+	}
+	view := unionView(list).DeepCopy()
+	view.Labels, view.OwnerReferences, view.UID = list[0].Labels, list[0].OwnerReferences, list[0].UID
+	return view, nil
+}
+
 // addresses returns the ServiceEntry's endpoint addresses, sorted.
 func addresses(se *networkingv1.ServiceEntry) []string {
 	var out []string
@@ -252,14 +291,15 @@ func addresses(se *networkingv1.ServiceEntry) []string {
 	return out
 }
 
-// waitForAddresses waits until the ServiceEntry lists exactly want (sorted).
+// waitForAddresses waits until the ServiceEntry's slices list exactly want (sorted); it returns
+// their union.
 func (f *fixture) waitForAddresses(name string, want ...string) *networkingv1.ServiceEntry {
 	f.t.Helper()
 	sort.Strings(want)
 	var se *networkingv1.ServiceEntry
 	f.eventually(fmt.Sprintf("ServiceEntry %s lists %v", name, want), func() error {
 		var err error
-		se, err = f.serviceEntry(name)
+		se, err = f.serviceEntryUnion(name)
 		if err != nil {
 			return err
 		}
@@ -302,12 +342,13 @@ var errNotYet = fmt.Errorf("not yet")
 // podAt names the pod at each address, as the Service's EndpointSlices do.
 func (f *fixture) writeWeightsAsTheCycle(alb string, byIP map[string]int, podAt map[string]string) {
 	f.t.Helper()
-	se, err := f.serviceEntry(alb)
-	if err != nil {
-		f.t.Fatal(err)
+	list := f.serviceEntrySlices(alb)
+	if len(list) == 0 {
+		f.t.Fatalf("no ServiceEntry %s", alb)
 	}
+	se := unionView(list)
 	w := &WeightCycle{Client: operatorClient, Versions: sharedVersions, Metrics: testMetrics}
-	d := &dueTarget{key: types.NamespacedName{Namespace: f.ns, Name: alb}, se: se, replannedAt: replannedAt(se), slicePod: podAt}
+	d := &dueTarget{key: types.NamespacedName{Namespace: f.ns, Name: alb}, se: se, slices: list, replannedAt: replannedAt(se), slicePod: podAt}
 	var decision weights.Decision
 	for ip, weight := range byIP {
 		decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})

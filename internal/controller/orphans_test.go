@@ -73,6 +73,13 @@ func (l laggingServiceEntries) Get(ctx context.Context, key client.ObjectKey, ob
 	return l.Client.Get(ctx, key, obj, opts...)
 }
 
+func (l laggingServiceEntries) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*networkingv1.ServiceEntryList); ok {
+		return nil // it has seen none of them
+	}
+	return l.Client.List(ctx, list, opts...)
+}
+
 // Issue 21.9: a ServiceEntry the mirror created moments before its Service became unsupported
 // (an exportTo "~" landing right after) is deleted although the cache has not seen it yet: its own
 // create event, the operator's write, triggers no other reconcile, so it would stay until an

@@ -5,6 +5,8 @@ import (
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 )
 
 // ServiceEntryVersions remembers, per ServiceEntry, the newest version the operator has seen
@@ -54,6 +56,21 @@ func (v *ServiceEntryVersions) newest(key client.ObjectKey, cached *networkingv1
 		return cached
 	}
 	return remembered.DeepCopy()
+}
+
+// slicesOf returns copies of the remembered further slices (not the primary) of the Service
+// whose first slice is primary in namespace: those the operator created may not be in the
+// cache yet.
+func (v *ServiceEntryVersions) slicesOf(namespace, primary string) []*networkingv1.ServiceEntry {
+	var out []*networkingv1.ServiceEntry
+	v.m.Range(func(k, got any) bool {
+		key := k.(client.ObjectKey)
+		if n, ok := istio.SliceIndex(primary, key.Name); ok && n > 0 && key.Namespace == namespace {
+			out = append(out, got.(*networkingv1.ServiceEntry).DeepCopy())
+		}
+		return true
+	})
+	return out
 }
 
 // known reports whether resourceVersion rv of the ServiceEntry is the remembered one: its watch

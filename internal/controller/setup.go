@@ -357,14 +357,17 @@ func topologyChanged() predicate.Predicate {
 
 // serviceEntryDeleted drops the remembered version of a deleted ServiceEntry (its owner deleted,
 // or someone else deleted it), so versions hold nothing for objects that are gone, and enqueues
-// every AdaptiveLoadBalancer that targets a Service of that name: one blocked by a foreign
-// ServiceEntry (ServiceEntryNotOwned) can take the name over now. Its owner, if any, is
+// every AdaptiveLoadBalancer that targets the Service of that name or slice: one blocked by a
+// foreign ServiceEntry (ServiceEntryNotOwned) can take the name over now. Its owner, if any, is
 // enqueued by Owns as well.
 func (r *AdaptiveLoadBalancerReconciler) serviceEntryDeleted() handler.EventHandler {
 	return handler.Funcs{
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 			r.Versions.forgetDeleted(e.Object)
-			for _, req := range r.targeting(ctx, e.Object.GetNamespace(), e.Object.GetName()) {
+			// A slice's name is its Service's, a dot and a number (istio.SliceName); a Service's
+			// name has no dot.
+			service, _, _ := strings.Cut(e.Object.GetName(), ".")
+			for _, req := range r.targeting(ctx, e.Object.GetNamespace(), service) {
 				q.Add(req)
 			}
 		},

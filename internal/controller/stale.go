@@ -138,19 +138,29 @@ func (r *AdaptiveLoadBalancerReconciler) removeStale(ctx context.Context, alb *a
 	return mirrorOutcome{status: metav1.ConditionFalse, reason: adlbv1.ReasonStaleServiceEntryRemoved, message: msg}
 }
 
-// deleteControlledServiceEntry deletes the ServiceEntry of alb's target if alb controls it,
-// reading it from the API server (the cache may be what fails); it reports whether there was
-// one to delete.
+// deleteControlledServiceEntry deletes the ServiceEntry slices of alb's target that alb
+// controls, reading them from the API server (the cache may be what fails); it reports whether
+// there was one to delete.
 func (r *AdaptiveLoadBalancerReconciler) deleteControlledServiceEntry(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) (bool, error) {
 	key := types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name}
 	se := &networkingv1.ServiceEntry{}
 	if err := r.apiReader.Get(ctx, key, se); apierrors.IsNotFound(err) {
-		return false, nil
+		se = nil
 	} else if err != nil {
 		return false, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
-	_, deleted, err := r.deleteIfControlled(ctx, alb, se)
-	return deleted, err
+	set, err := r.ownedSlices(ctx, alb, se, nil, true)
+	if err != nil {
+		return false, err
+	}
+	deleted := false
+	var errs []error
+	for _, name := range set.names() {
+		_, gone, err := r.deleteIfControlled(ctx, alb, set.newest[name])
+		deleted = deleted || gone
+		errs = append(errs, err)
+	}
+	return deleted, errors.Join(errs...)
 }
 
 // staleDeadlineLimiter is the reconcile back-off, shortened so that a failing AdaptiveLoadBalancer

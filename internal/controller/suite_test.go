@@ -247,6 +247,8 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		Metrics:       testMetrics,
 		ClusterDomain: "cluster.local",
 		MaxEndpoints:  suiteMaxEndpoints,
+		// Small slices, so that every test with more endpoints than this goes through slices.
+		SliceEndpoints: suiteSlices(),
 
 		StaleServiceEntryTimeout: suiteStaleTimeout,
 		InstallID:                suiteInstallID,
@@ -270,11 +272,13 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	return nil
 }
 
-// suiteMaxEndpoints lowers the endpoint limit of a ServiceEntry so a test can pass it with about a
-// hundred pods; no other test's Service has more than 105 endpoints (one more than the 100 the
-// EndpointSlice controller puts in a slice). The real limit is checked against the API server by
-// TestServiceEntrySize_EtcdRefusesAboveTheLimit.
-const suiteMaxEndpoints = 110
+// suiteMaxEndpoints is the endpoint limit of a Service in the suite: the 10,000 pods the issue
+// asks to weight, so that TestMirror_TenThousandPodsGetWeightsInSlices passes it with one more.
+const suiteMaxEndpoints = 10_000
+
+// suiteSliceEndpoints is the most endpoints per ServiceEntry slice in the suite: a Service of
+// 41 pods or more has several slices.
+const suiteSliceEndpoints = 40
 
 func zapLevel() zapLevelT {
 	if os.Getenv("ADAPTIVELB_TEST_DEBUG") != "" {
@@ -293,6 +297,15 @@ func requireEnv(t testing.TB) {
 		t.Fatal(envSkipCause)
 	}
 	t.Skip(envSkipCause)
+}
+
+// suiteSlices is suiteSliceEndpoints, or ADAPTIVELB_BENCH_SLICE_ENDPOINTS for the slice
+// benchmark (BenchmarkServiceEntrySlices_EndpointChange).
+func suiteSlices() int {
+	if n, err := strconv.Atoi(os.Getenv("ADAPTIVELB_BENCH_SLICE_ENDPOINTS")); err == nil && n > 0 {
+		return n
+	}
+	return suiteSliceEndpoints
 }
 
 // benchWorkers is the operator's concurrent reconciles: the run command's default, or

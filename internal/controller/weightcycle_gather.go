@@ -20,6 +20,7 @@ import (
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
@@ -28,7 +29,8 @@ import (
 type dueTarget struct {
 	key      types.NamespacedName
 	alb      *adlbv1.AdaptiveLoadBalancer
-	se       *networkingv1.ServiceEntry
+	se       *networkingv1.ServiceEntry   // the union of the slices (unionView): read only
+	slices   []*networkingv1.ServiceEntry // the ServiceEntry slices, the first named as the Service
 	settings weights.Settings
 	interval time.Duration
 	queries  metrics.QueryTemplates
@@ -162,7 +164,12 @@ func (w *WeightCycle) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalanc
 	if !metav1.IsControlledBy(se, alb) {
 		return nil, nil
 	}
-	d := &dueTarget{key: client.ObjectKeyFromObject(alb), alb: alb, se: se, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
+	sliced, err := w.serviceEntrySlices(ctx, alb, se)
+	if err != nil {
+		return nil, err
+	}
+	se = unionView(sliced)
+	d := &dueTarget{key: client.ObjectKeyFromObject(alb), alb: alb, se: se, slices: sliced, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
 		current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}}
 	if w.Warmups != nil {
 		// Unknown warm-ups are no reason to stop: new pods' first signals are still discounted by
@@ -213,6 +220,27 @@ func (w *WeightCycle) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalanc
 		}
 	}
 	return d, nil
+}
+
+// serviceEntrySlices lists the ServiceEntry slices of alb's target: primary, then the further
+// ones alb controls, in number order.
+func (w *WeightCycle) serviceEntrySlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary *networkingv1.ServiceEntry) ([]*networkingv1.ServiceEntry, error) {
+	var list networkingv1.ServiceEntryList
+	if err := w.Client.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}); err != nil {
+		return nil, fmt.Errorf("list the ServiceEntry slices of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+	}
+	out := []*networkingv1.ServiceEntry{primary}
+	for _, se := range list.Items {
+		if n, ok := istio.SliceIndex(primary.Name, se.Name); ok && n > 0 && metav1.IsControlledBy(se, alb) {
+			out = append(out, se)
+		}
+	}
+	slices.SortFunc(out[1:], func(a, b *networkingv1.ServiceEntry) int {
+		i, _ := istio.SliceIndex(primary.Name, a.Name)
+		j, _ := istio.SliceIndex(primary.Name, b.Name)
+		return i - j
+	})
+	return out, nil
 }
 
 // nodeFacts is what the weight cycle reads of a node.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	apinetworkingv1 "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,39 +21,69 @@ import (
 // cycle read the ServiceEntry; the cycle's decision counts endpoints that left.
 var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weights since this cycle planned")
 
-// writeWeights patches the weights of the ServiceEntry's current endpoints to decision's, and
-// the operator's record of them, in one write; an endpoint the mirror added or removed meanwhile
-// is left to the mirror. With yieldToReplan, it writes nothing and returns errSupersededByReplan
-// when the version it would patch carries a re-plan the version the cycle planned from did not:
-// checked on the version patched under an optimistic lock, so that a re-plan written after the
-// check makes the patch conflict instead of being overwritten (the cycle then yields to it too),
-// and a re-plan whose write failed is not yielded to.
+// writeWeights patches the weights of the ServiceEntry slices' current endpoints to decision's,
+// each slice with the operator's record of its own endpoints in the same write, and only the
+// slices whose weights change; an endpoint the mirror added or removed meanwhile is left to the
+// mirror. The weight sum is limited over the union of the slices, which istiod merges into one
+// cluster. With yieldToReplan, it writes nothing and returns errSupersededByReplan when a slice
+// it would patch carries a re-plan newer than the one the cycle planned from: checked on the
+// versions patched under an optimistic lock, so that a re-plan written after the check makes the
+// patch conflict instead of being overwritten (the cycle then yields to it too), and a re-plan
+// whose write failed is not yielded to. A failure part-way leaves the slices written so far
+// with the new weights; the error says how many, and the next cycle writes the rest.
 func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool) error {
 	next := decision.Weights()
-	key := client.ObjectKeyFromObject(d.se)
-	cached := &networkingv1.ServiceEntry{}
-	if err := w.Client.Get(ctx, key, cached); err != nil {
-		return fmt.Errorf("get ServiceEntry %s/%s: %w", d.se.Namespace, d.se.Name, err)
-	}
 	if w.Versions == nil { // the cycle holds w.mu here
 		w.Versions = &ServiceEntryVersions{}
 	}
-	se := w.Versions.newest(key, cached)
-	if yieldToReplan && !replannedAt(se).Equal(d.replannedAt) {
-		return errSupersededByReplan
+	type pending struct {
+		se, base *networkingv1.ServiceEntry
 	}
-	base := se.DeepCopy()
-	changed := false
-	for _, e := range se.Spec.Endpoints {
-		if wgt, ok := next[e.Address]; ok && uint32(wgt) != e.Weight {
-			e.Weight = uint32(wgt)
-			changed = true
+	var all []pending
+	var entries []*apinetworkingv1.WorkloadEntry
+	for _, listed := range d.slices {
+		key := client.ObjectKeyFromObject(listed)
+		cached := &networkingv1.ServiceEntry{}
+		if err := w.Client.Get(ctx, key, cached); err != nil {
+			return fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
+		}
+		se := w.Versions.newest(key, cached)
+		if yieldToReplan && replannedAt(se).After(d.replannedAt) {
+			return errSupersededByReplan
+		}
+		all = append(all, pending{se: se, base: se.DeepCopy()})
+		for _, e := range se.Spec.Endpoints {
+			if wgt, ok := next[e.Address]; ok {
+				e.Weight = uint32(wgt)
+			}
+			entries = append(entries, e)
 		}
 	}
-	if !changed {
+	istio.LimitWeightSum(entries)
+	written := 0
+	for _, p := range all {
+		if proto.Equal(&p.se.Spec, &p.base.Spec) {
+			continue
+		}
+		if err := w.patchWeights(ctx, d, p.se, p.base, yieldToReplan); err != nil {
+			if written > 0 {
+				return fmt.Errorf("%w (the weights reached %d of the Service's %d ServiceEntry slices; the next cycle writes the rest)", err, written, len(all))
+			}
+			return err
+		}
+		written++
+	}
+	if written == 0 {
 		return nil
 	}
-	istio.LimitWeightSum(se.Spec.Endpoints)
+	w.Membership.Weighted(d.key, next)
+	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Add(float64(written))
+	return nil
+}
+
+// patchWeights writes one slice's new weights, se (changed from base), with its record.
+func (w *WeightCycle) patchWeights(ctx context.Context, d *dueTarget, se, base *networkingv1.ServiceEntry, yieldToReplan bool) error {
+	key := client.ObjectKeyFromObject(se)
 	applied, ok := readApplied(se)
 	if !ok {
 		applied = appliedWeights{}
@@ -74,20 +106,18 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
 	w.Versions.remember(se)
-	w.Membership.Weighted(d.key, next)
-	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Inc()
 	return nil
 }
 
 // replannedSince reports whether the ServiceEntry key, read from the API server, carries a
-// re-plan other than the one at planned.
+// re-plan newer than the one at planned.
 func (w *WeightCycle) replannedSince(ctx context.Context, key client.ObjectKey, planned time.Time) bool {
 	reader := w.APIReader
 	if reader == nil {
 		reader = w.Client
 	}
 	live := &networkingv1.ServiceEntry{}
-	return reader.Get(ctx, key, live) == nil && !replannedAt(live).Equal(planned)
+	return reader.Get(ctx, key, live) == nil && replannedAt(live).After(planned)
 }
 
 // writeBurst carries out the plan: it records each target's new state and writes the weights

@@ -2,13 +2,20 @@ package istiod
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"strings"
 	"testing"
 
+	gocmp "github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 	apinetworkingv1 "istio.io/api/networking/v1"
 	"istio.io/istio/pilot/test/xds"
+	"istio.io/istio/pkg/config/validation"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 )
 
 // The proofs for ServiceEntry slices (several ServiceEntries of the operator for one Service,
@@ -115,4 +122,89 @@ func TestServiceEntrySlicesWithDifferentPortsLoseWeights(t *testing.T) {
 		}
 	}
 	t.Logf("kept weights: port 80 %v, port 5432 %v", on80, on5432)
+}
+
+// applyPlannedSlices writes spec's endpoints as the operator's slices, planned by
+// istio.PlanSlices at perSlice endpoints per slice and named by istio.SliceName, each checked by
+// istiod's own validation, and waits until istiod's endpoint index holds all their endpoints.
+func applyPlannedSlices(t *testing.T, f *xds.FakeDiscoveryServer, spec *apinetworkingv1.ServiceEntry, perSlice int) int {
+	t.Helper()
+	plan := istio.PlanSlices(targetName, nil, spec.Endpoints, perSlice)
+	want := map[string]uint32{}
+	for _, w := range plan.Writes {
+		cfg := seConfig(istio.SliceSpec(spec, w.Endpoints))
+		cfg.Name = w.Name
+		cfg.Labels["adaptivelb.io/service"] = targetName
+		if warnings, err := validation.ValidateServiceEntry(cfg); err != nil || warnings != nil {
+			t.Fatalf("istiod's validation of slice %s: %v (warnings %v)", w.Name, err, warnings)
+		}
+		if _, err := f.Store().Create(cfg); err != nil {
+			t.Fatalf("create ServiceEntry %s: %v", cfg.Name, err)
+		}
+		for _, ep := range cfg.Spec.(*apinetworkingv1.ServiceEntry).Endpoints {
+			want[ep.Address] = ep.Weight
+		}
+	}
+	waitForServiceEntryEndpoints(t, f, want)
+	return len(plan.Writes)
+}
+
+// TestPlannedSlicesGiveTheXDSOfOneServiceEntry is the differential test of the operator's
+// slices against one ServiceEntry with every endpoint: for every client, CDS, LDS and RDS are
+// equal, and in EDS Envoy keeps the same hosts with the same weights, localities and metadata
+// (the workload name aside, which istiod derives from the ServiceEntry's name). The slices are
+// the planner's, named web.1, web.2 as the operator names them, one endpoint each so that every
+// endpoint is in a slice of its own.
+func TestPlannedSlicesGiveTheXDSOfOneServiceEntry(t *testing.T) {
+	for _, s := range []shape{
+		{name: "port-http", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)))},
+		{name: "multi-port", world: defaultWorld(port("http-web", 80, intstr.FromInt32(8080)), port("tcp-db", 5432, intstr.FromInt32(5432)))},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			f := server(t, s.world, nil, xds.FakeOptions{MeshConfig: meshConfig(s)})
+			cs := clients(s.world)
+			before := make([]snapshot, len(cs))
+			for i, c := range cs {
+				before[i] = fetch(t, f, c)
+			}
+			spec, _ := build(t, s.world)
+			wantWeight := map[string]uint32{}
+			for i, ep := range spec.Endpoints {
+				ep.Weight = uint32(100 + 137*i) // distinct weights, so that a mix-up shows
+				wantWeight[ep.Address] = ep.Weight
+			}
+			applySE(t, f, spec)
+			one := make([]snapshot, len(cs))
+			for i, c := range cs {
+				one[i] = fetch(t, f, c)
+			}
+			deleteSE(t, f)
+			if n := applyPlannedSlices(t, f, spec, 1); n != len(spec.Endpoints) || n < 2 {
+				t.Fatalf("%d slices for %d endpoints", n, len(spec.Endpoints))
+			}
+			for i, c := range cs {
+				sliced := fetch(t, f, c)
+				var d diffs
+				compareResources(&d, "CDS", one[i].clusters, sliced.clusters)
+				compareResources(&d, "LDS", one[i].listeners, sliced.listeners)
+				compareResources(&d, "RDS", one[i].routes, sliced.routes)
+				for name, a := range one[i].endpoints {
+					b, ok := sliced.endpoints[name]
+					if !ok {
+						d.add("EDS %s missing with slices", name)
+						continue
+					}
+					keptA, weightsA, _ := keptHosts(a)
+					keptB, weightsB, _ := keptHosts(b)
+					if !proto.Equal(keptA, keptB) || !maps.Equal(weightsA, weightsB) {
+						d.add("EDS %s differs with slices (-one +slices):\n%s\nweights %v, with slices %v", name, gocmp.Diff(keptA, keptB, protocmp.Transform()), weightsA, weightsB)
+					}
+				}
+				if len(d) > 0 {
+					t.Errorf("proxy %s: %d differences between one ServiceEntry and its slices:\n%s", c.name, len(d), strings.Join(d, "\n"))
+				}
+				checkInvariant(t, c.name, before[i], sliced, wantWeight)
+			}
+		})
+	}
 }

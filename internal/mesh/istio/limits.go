@@ -36,16 +36,22 @@ func LimitWeightSum(entries []*apinetworkingv1.WorkloadEntry) bool {
 	return true
 }
 
-// MaxEndpoints is the most endpoints one ServiceEntry may carry. etcd refuses an object above
-// 1.5 MiB (its --max-request-bytes); then every write fails while the last one written keeps
-// overriding the Kubernetes endpoints. A pod with ordinary labels (eleven of them, as a
-// Helm-installed Deployment in the mesh has, two ports, a locality and a service account)
-// costs 534 bytes of stored ServiceEntry, so etcd refuses from about 2,900 endpoints; 2,500
-// leaves room for longer labels. Measured by TestServiceEntrySize_EtcdRefusesAboveTheLimit
-// against a real API server; see docs/operations.md. A Service with more endpoints is not
-// mirrored: its clients use the Kubernetes endpoints, unweighted. The limit also keeps the
-// weight sum (at most 1,000,000 per endpoint) below MaxWeightSum.
-const MaxEndpoints = 2500
+// MaxEndpoints is the most endpoints one Service may have mirrored, across all its slices
+// (slices.go). A slice holds at most MaxSliceEndpoints, so the bound is not etcd's object size
+// but what one Service costs the operator: the weight cycle reads and plans every endpoint, and
+// a weight write rewrites up to MaxEndpoints/MaxSliceEndpoints objects (200). It also keeps the
+// sum of weights of a Service bounded: LimitWeightSum scales them over the whole Service. A
+// Service with more endpoints is not mirrored: its clients use the Kubernetes endpoints,
+// unweighted.
+const MaxEndpoints = 20_000
+
+// MaxSingleServiceEntryEndpoints is the most endpoints one ServiceEntry could carry before
+// slices: etcd refuses an object above 1.5 MiB (its --max-request-bytes), and a pod with
+// ordinary labels (eleven of them, as a Helm-installed Deployment in the mesh has, two ports, a
+// locality and a service account) costs 534 bytes of stored ServiceEntry, so etcd refuses from
+// about 2,900 endpoints. Measured by TestServiceEntrySize_EtcdRefusesAboveTheLimit against a
+// real API server; see docs/operations.md. MaxSliceEndpoints is well below it.
+const MaxSingleServiceEntryEndpoints = 2500
 
 // MaxEncodedBytes bounds the ServiceEntry spec's JSON size whatever the endpoint count, for pods
 // with unusually many or long labels; etcd's limit, 1,572,864 bytes, leaves room beside it for
@@ -55,26 +61,27 @@ const MaxEncodedBytes = 1_400_000
 // ErrTooLarge marks a ServiceEntry too large for etcd, or for the operator's limits.
 var ErrTooLarge = errors.New("ServiceEntry too large")
 
-// checkSize refuses a ServiceEntry above maxEndpoints, or whose spec and the reserved bytes
-// stored beside it exceed MaxEncodedBytes.
-func checkSize(spec *apinetworkingv1.ServiceEntry, maxEndpoints, reserved int) error {
+// checkCount refuses a Service with more than maxEndpoints endpoints (0: MaxEndpoints).
+func checkCount(spec *apinetworkingv1.ServiceEntry, maxEndpoints int) error {
 	if maxEndpoints <= 0 {
 		maxEndpoints = MaxEndpoints
 	}
 	if n := len(spec.Endpoints); n > maxEndpoints {
-		return fmt.Errorf("%w: %d ready endpoints, above the limit of %d that keeps a ServiceEntry within etcd's 1.5 MiB object size; its clients use the Kubernetes endpoints without weights", ErrTooLarge, n, maxEndpoints)
+		return fmt.Errorf("%w: %d ready endpoints, above the limit of %d endpoints per Service; its clients use the Kubernetes endpoints without weights", ErrTooLarge, n, maxEndpoints)
 	}
-	// Below a few hundred endpoints the size cannot approach the limit with any real labels;
-	// above, one encoding per write is cheap beside the write itself.
-	if len(spec.Endpoints) < 256 {
-		return nil
-	}
+	return nil
+}
+
+// CheckSliceSize refuses one slice whose spec and the reserved bytes stored beside it (the
+// operator's annotations) exceed MaxEncodedBytes: at MaxSliceEndpoints endpoints only labels
+// some twenty-five times longer than usual can (14 KB per endpoint).
+func CheckSliceSize(spec *apinetworkingv1.ServiceEntry, reserved int) error {
 	raw, err := json.Marshal(spec)
 	if err != nil {
 		return fmt.Errorf("encode ServiceEntry: %w", err)
 	}
 	if len(raw)+reserved > MaxEncodedBytes {
-		return fmt.Errorf("%w: the endpoints' labels make it %d bytes, above the limit of %d that keeps it within etcd's 1.5 MiB object size; its clients use the Kubernetes endpoints without weights", ErrTooLarge, len(raw)+reserved, MaxEncodedBytes)
+		return fmt.Errorf("%w: the endpoints' labels make one slice of %d endpoints %d bytes, above the limit of %d that keeps it within etcd's 1.5 MiB object size; shorten the pods' labels. Its clients use the Kubernetes endpoints without weights", ErrTooLarge, len(spec.Endpoints), len(raw)+reserved, MaxEncodedBytes)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package istio
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -12,7 +13,7 @@ import (
 )
 
 // OrdinaryLabels are the labels of a pod of a typical Helm-installed Deployment in the mesh,
-// the basis of MaxEndpoints.
+// the basis of MaxSingleServiceEntryEndpoints.
 func OrdinaryLabels(app string) map[string]string {
 	return map[string]string{
 		"app": app, "version": "v1", "pod-template-hash": "7d9f8b6c4d",
@@ -118,29 +119,60 @@ func TestLimitWeightSum_NineThousandEndpointsAtTheLargestWeight(t *testing.T) {
 
 func ordinary() map[string]string { return OrdinaryLabels("web") }
 
-func TestBuild_RefusesAServiceEntryTooLargeForEtcd(t *testing.T) {
-	if _, _, err := Build(largeInput(MaxEndpoints, 100, ordinary)); err != nil {
-		t.Fatalf("%d endpoints with ordinary labels: %v", MaxEndpoints, err)
-	}
-	in := largeInput(MaxEndpoints+1, 100, ordinary)
-	in.MaxEndpoints = 0 // the default
+func TestBuild_RefusesAServiceAboveTheEndpointLimit(t *testing.T) {
+	in := largeInput(301, 100, ordinary)
+	in.MaxEndpoints = 300
 	_, _, err := Build(in)
 	if !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("%d endpoints: err %v, want ErrTooLarge", MaxEndpoints+1, err)
+		t.Fatalf("301 endpoints above a limit of 300: err %v, want ErrTooLarge", err)
 	}
-	want := fmt.Sprintf("Service shop/web: ServiceEntry too large: %d ready endpoints, above the limit of %d that keeps a ServiceEntry within etcd's 1.5 MiB object size; its clients use the Kubernetes endpoints without weights", MaxEndpoints+1, MaxEndpoints)
+	want := "Service shop/web: ServiceEntry too large: 301 ready endpoints, above the limit of 300 endpoints per Service; its clients use the Kubernetes endpoints without weights"
 	if err.Error() != want {
 		t.Fatalf("message\n%s\nwant\n%s", err, want)
 	}
-	// Fewer endpoints with very long labels are refused by size.
-	in = largeInput(600, 100, ordinary)
-	for _, p := range in.Pods {
-		for i := range 8 {
-			p.Labels[fmt.Sprintf("example.com/annotation-like-label-%d", i)] = fmt.Sprintf("%0250d", i)
+	// 10,000 endpoints with ordinary labels: far above what one ServiceEntry holds, mirrored
+	// in slices.
+	in = largeInput(10_000, 100, ordinary)
+	in.MaxEndpoints = 0 // the default
+	whole, _, err := Build(in)
+	if err != nil {
+		t.Fatalf("10,000 endpoints: %v", err)
+	}
+	plan := PlanSlices("web", nil, whole.Endpoints, 0)
+	if len(plan.Slices) != 10_000/MaxSliceEndpoints {
+		t.Fatalf("%d slices, want %d", len(plan.Slices), 10_000/MaxSliceEndpoints)
+	}
+	for name, eps := range plan.Slices {
+		if err := CheckSliceSize(SliceSpec(whole, eps), 0); err != nil {
+			t.Fatalf("slice %s: %v", name, err)
 		}
 	}
-	if _, _, err := Build(in); !errors.Is(err, ErrTooLarge) {
-		t.Fatalf("600 endpoints with 2 KB of labels each: err %v, want ErrTooLarge", err)
+}
+
+func TestCheckSliceSize_RefusesASliceTooLargeForEtcd(t *testing.T) {
+	in := largeInput(MaxSliceEndpoints, 100, ordinary)
+	whole, _, err := Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckSliceSize(whole, 0); err != nil {
+		t.Fatalf("a full slice of ordinary labels: %v", err)
+	}
+	// A full slice with very long labels (thirty of 63 characters under keys of 400) is refused
+	// by size, with what to do.
+	in = largeInput(MaxSliceEndpoints, 100, ordinary)
+	for _, p := range in.Pods {
+		for i := range 30 {
+			p.Labels[fmt.Sprintf("example.com/%0380d", i)] = fmt.Sprintf("%063d", i)
+		}
+	}
+	whole, _, err = Build(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = CheckSliceSize(whole, 0)
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "shorten the pods' labels") {
+		t.Fatalf("%d endpoints with 14 KB of labels each: err %v, want ErrTooLarge saying what to do", MaxSliceEndpoints, err)
 	}
 }
 

@@ -72,11 +72,9 @@ type Input struct {
 	// Ports selects Service ports by number; empty selects all.
 	Ports    []int32
 	ExportTo []string
-	// MaxEndpoints refuses a ServiceEntry with more endpoints (ErrTooLarge); 0 is MaxEndpoints.
+	// MaxEndpoints refuses a Service with more endpoints (ErrTooLarge); 0 is MaxEndpoints. The
+	// size of each slice is checked when the slices are planned (CheckSliceSize).
 	MaxEndpoints int
-	// ReservedBytes is what the caller stores in the object beside the spec (its own
-	// annotations): it counts against MaxEncodedBytes with the spec.
-	ReservedBytes int
 	// Namespace is the Service's namespace (its ambient and waypoint labels); nil if unknown.
 	Namespace *corev1.Namespace
 	// Mesh is what the operator knows of the mesh (see Mesh).
@@ -113,8 +111,9 @@ func CheckSupported(svc *corev1.Service) error {
 	return nil
 }
 
-// Build returns the desired ServiceEntry spec and the mirrored endpoints, in a stable order:
-// the same input always yields a byte-identical spec, so an unchanged Service costs no write.
+// Build returns the desired ServiceEntry spec with every endpoint and the mirrored endpoints, in
+// a stable order: the same input always yields a byte-identical spec, so an unchanged Service
+// costs no write. The caller splits it into slices (PlanSlices, SliceSpec).
 func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 	svc := in.Service
 	if err := CheckSupported(svc); err != nil {
@@ -222,7 +221,7 @@ func Build(in Input) (*apinetworkingv1.ServiceEntry, []Endpoint, error) {
 		Endpoints:  entries,
 		ExportTo:   exportTo,
 	}
-	if err := checkSize(spec, in.MaxEndpoints, in.ReservedBytes); err != nil {
+	if err := checkCount(spec, in.MaxEndpoints); err != nil {
 		return nil, nil, fmt.Errorf("Service %s/%s: %w", svc.Namespace, svc.Name, err)
 	}
 	return spec, endpoints, nil

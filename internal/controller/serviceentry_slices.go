@@ -1,0 +1,283 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	apinetworkingv1 "istio.io/api/networking/v1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
+)
+
+// ServiceLabel names, on every slice of a managed ServiceEntry, the Service it mirrors: a
+// slice's name (web.1) is not a Service's, and the watchdog finds the Service by this label.
+const ServiceLabel = "adaptivelb.io/service"
+
+// serviceEntrySlices are the ServiceEntry slices of one Service that an AdaptiveLoadBalancer
+// controls (istio.PlanSlices), by name: the newest version known of each, to base a write on,
+// and the informer's, to tell a lagging cache from someone else's edit.
+type serviceEntrySlices struct {
+	primary string
+	newest  map[string]*networkingv1.ServiceEntry
+	cached  map[string]*networkingv1.ServiceEntry
+}
+
+// ownedSlices gathers the slices of alb's target: primary (its newest version and the cache's,
+// either may be nil) and every further slice alb controls. From the cache (indexed by
+// controller) and the versions this operator wrote (the cache may not list a slice it created
+// a moment ago), or with live from the API server, after a conflict.
+func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary, primaryCached *networkingv1.ServiceEntry, live bool) (serviceEntrySlices, error) {
+	name := alb.Spec.TargetRef.Name
+	set := serviceEntrySlices{primary: name, newest: map[string]*networkingv1.ServiceEntry{}, cached: map[string]*networkingv1.ServiceEntry{}}
+	if primary != nil {
+		set.newest[name] = primary
+	}
+	if primaryCached != nil {
+		set.cached[name] = primaryCached
+	}
+	var list networkingv1.ServiceEntryList
+	var err error
+	if live {
+		err = r.apiReader.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingLabels{ServiceEntryOwnerLabel: alb.Name})
+	} else {
+		err = r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy)
+	}
+	if err != nil {
+		return set, fmt.Errorf("list the ServiceEntry slices of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+	}
+	for _, se := range list.Items {
+		if n, ok := istio.SliceIndex(name, se.Name); !ok || n == 0 || !metav1.IsControlledBy(se, alb) {
+			continue
+		}
+		set.cached[se.Name] = se
+		if live {
+			r.Versions.forget(client.ObjectKeyFromObject(se))
+			set.newest[se.Name] = se
+		} else {
+			set.newest[se.Name] = r.Versions.newest(client.ObjectKeyFromObject(se), se)
+		}
+	}
+	if !live {
+		for _, se := range r.Versions.slicesOf(alb.Namespace, name) {
+			if set.newest[se.Name] == nil && metav1.IsControlledBy(se, alb) {
+				set.newest[se.Name] = se
+			}
+		}
+	}
+	return set, nil
+}
+
+// names are the slices in number order, the primary first.
+func (s serviceEntrySlices) names() []string {
+	return sortedSliceNames(s.primary, slices.Collect(maps.Keys(s.newest)))
+}
+
+func sortedSliceNames(primary string, names []string) []string {
+	slices.SortFunc(names, func(a, b string) int {
+		i, _ := istio.SliceIndex(primary, a)
+		j, _ := istio.SliceIndex(primary, b)
+		return i - j
+	})
+	return names
+}
+
+// view is the union of the slices as one ServiceEntry, for what reads the Service's endpoints
+// and the operator's record as a whole (the weights the mirror keeps, the re-plan); nil when
+// there is no slice. It shares the slices' endpoints: read only.
+func (s serviceEntrySlices) view() *networkingv1.ServiceEntry {
+	var list []*networkingv1.ServiceEntry
+	for _, name := range s.names() {
+		list = append(list, s.newest[name])
+	}
+	return unionView(list)
+}
+
+// unionView is the union of slices (in order) as one ServiceEntry: every endpoint, the records
+// of applied weights merged (none when a slice has none: then the weights are read by address,
+// as for a ServiceEntry older than the record), and the latest re-plan.
+func unionView(list []*networkingv1.ServiceEntry) *networkingv1.ServiceEntry {
+	if len(list) == 0 {
+		return nil
+	}
+	if len(list) == 1 {
+		return list[0]
+	}
+	out := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: list[0].Namespace, Name: list[0].Name, Annotations: map[string]string{}}}
+	record, recorded := appliedWeights{}, true
+	var latest time.Time
+	for _, se := range list {
+		out.Spec.Endpoints = append(out.Spec.Endpoints, se.Spec.Endpoints...)
+		applied, ok := readApplied(se)
+		recorded = recorded && ok
+		maps.Copy(record, applied)
+		if t := replannedAt(se); t.After(latest) {
+			latest = t
+		}
+	}
+	if recorded {
+		out.Annotations[AppliedWeightsAnnotation] = record.String()
+	}
+	if !latest.IsZero() {
+		out.Annotations[ReplannedAtAnnotation] = formatReplannedAt(latest)
+	}
+	return out
+}
+
+// sliceBound is the most endpoints per slice: SliceEndpoints, else istio.MaxSliceEndpoints.
+func (r *AdaptiveLoadBalancerReconciler) sliceBound() int {
+	if r.SliceEndpoints > 0 {
+		return r.SliceEndpoints
+	}
+	return istio.MaxSliceEndpoints
+}
+
+// errForeignSlice: a slice the plan needs exists and belongs to someone else.
+type errForeignSlice struct{ se *networkingv1.ServiceEntry }
+
+func (e errForeignSlice) Error() string {
+	return fmt.Sprintf("ServiceEntry %s/%s exists and is not owned by this AdaptiveLoadBalancer; adaptive-lb never overwrites it. Rename or delete it to let adaptive-lb manage the Service.", e.se.Namespace, e.se.Name)
+}
+
+// writeSlices writes whole (the Service's ServiceEntry with every endpoint) as slices: it
+// plans them against the slices there are, checks each against etcd's size limit and that no
+// one else owns a name it creates, then writes them in the plan's order (no address is ever in
+// no slice, none in two with different weights) and deletes the slices no longer needed. Each
+// slice carries its own record of the weights of its own endpoints. It returns the number of
+// slices.
+func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, set serviceEntrySlices, whole *apinetworkingv1.ServiceEntry, endpoints []istio.Endpoint, replannedAt time.Time, live bool, reason string) (int, error) {
+	current := make(map[string][]*apinetworkingv1.WorkloadEntry, len(set.newest))
+	for name, se := range set.newest {
+		current[name] = se.Spec.Endpoints
+	}
+	plan := istio.PlanSlices(set.primary, current, whole.Endpoints, r.sliceBound())
+	podAt := make(map[string]string, len(endpoints))
+	for _, e := range endpoints {
+		podAt[e.IP] = e.Pod
+	}
+	want := func(name string, eps []*apinetworkingv1.WorkloadEntry, replanned time.Time) desiredServiceEntry {
+		applied := make(appliedWeights, len(eps))
+		for _, e := range eps {
+			applied[podAt[e.Address]] = e.Weight
+		}
+		return desiredServiceEntry{name: name, spec: istio.SliceSpec(whole, eps), applied: applied, replannedAt: replanned}
+	}
+
+	// Checks before any write: a refusal must not leave half the slices written.
+	writes := slices.Clone(plan.Writes)
+	planned := map[string]bool{}
+	for _, w := range plan.Writes {
+		planned[w.Name] = true
+	}
+	for _, name := range sortedSliceNames(set.primary, slices.Collect(maps.Keys(plan.Slices))) {
+		d := want(name, plan.Slices[name], time.Time{})
+		newest, cached := set.newest[name], set.cached[name]
+		if newest != nil && cached != nil && newest.ResourceVersion != cached.ResourceVersion && r.upToDate(newest, d) && !r.upToDate(cached, d) {
+			return 0, errStaleView
+		}
+		rewrite := !planned[name] && newest != nil && !r.upToDate(newest, d)
+		if rewrite {
+			// Same endpoints, but the ports, host, labels or record changed: every slice must
+			// carry exactly the Service's ports, or istiod drops the weights on those it lacks.
+			writes = append(writes, istio.SliceWrite{Name: name, Endpoints: plan.Slices[name]})
+		}
+		if planned[name] || rewrite {
+			// Only what is written: the others were checked when they were.
+			if err := istio.CheckSliceSize(d.spec, recordBytes(d.applied)); err != nil {
+				return 0, fmt.Errorf("Service %s/%s, ServiceEntry %s: %w", alb.Namespace, set.primary, name, err)
+			}
+		}
+		if newest == nil && name != set.primary {
+			taken, err := r.sliceTaken(ctx, alb, name, live)
+			if err != nil {
+				return 0, err
+			}
+			if taken != nil {
+				set.newest[name] = taken // an earlier incarnation's: taken over by the write
+			}
+		}
+	}
+
+	for _, w := range writes {
+		written, err := r.apply(ctx, alb, set.newest[w.Name], want(w.Name, w.Endpoints, replannedAt), reason)
+		if err != nil {
+			return 0, err
+		}
+		set.newest[w.Name] = written
+	}
+	for _, name := range plan.Deletes {
+		se := set.newest[name]
+		if _, _, err := r.deleteIfControlled(ctx, alb, se); err != nil {
+			return 0, err
+		}
+	}
+	return len(plan.Slices), nil
+}
+
+// sliceTaken returns the ServiceEntry of name when it exists and an earlier AdaptiveLoadBalancer
+// of alb's name owned it (to take over, like the primary), nil when there is none, and
+// errForeignSlice when it is someone else's.
+func (r *AdaptiveLoadBalancerReconciler) sliceTaken(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, name string, live bool) (*networkingv1.ServiceEntry, error) {
+	key := types.NamespacedName{Namespace: alb.Namespace, Name: name}
+	se := &networkingv1.ServiceEntry{}
+	var err error
+	if live {
+		err = r.apiReader.Get(ctx, key, se)
+	} else {
+		err = r.Get(ctx, key, se)
+	}
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
+	}
+	if metav1.IsControlledBy(se, alb) {
+		return se, nil
+	}
+	if previous, err := r.ofAPreviousIncarnation(ctx, alb, se); err != nil {
+		return nil, err
+	} else if previous {
+		return se, nil
+	}
+	return nil, errForeignSlice{se: se}
+}
+
+// deleteSlices deletes every slice of alb's target that alb controls, primary (may be nil)
+// included, and reports how many it deleted; why completes the event's message.
+func (r *AdaptiveLoadBalancerReconciler) deleteSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary *networkingv1.ServiceEntry, live bool, why string) (int, error) {
+	set, err := r.ownedSlices(ctx, alb, primary, nil, live)
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	var errs []error
+	// The further slices first: the primary, which names the Service, goes last.
+	names := set.names()
+	slices.Reverse(names)
+	for _, name := range names {
+		if name == set.primary {
+			if err := r.deleteServiceEntry(ctx, alb, set.newest[name], why); err != nil {
+				errs = append(errs, err)
+			} else if metav1.IsControlledBy(set.newest[name], alb) {
+				deleted++
+			}
+			continue
+		}
+		if _, gone, err := r.deleteIfControlled(ctx, alb, set.newest[name]); err != nil {
+			errs = append(errs, err)
+		} else if gone {
+			deleted++
+		}
+	}
+	return deleted, errors.Join(errs...)
+}

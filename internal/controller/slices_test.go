@@ -1,0 +1,353 @@
+package controller
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+)
+
+// slicedService creates Service name with n ready pods in one EndpointSlice and its
+// AdaptiveLoadBalancer, and waits until the slices list every address. It returns the
+// endpoints, the addresses, and the pod at each address.
+func (f *fixture) slicedService(name string, n int, subnet int) ([]sliceEndpoint, []string, map[string]string) {
+	f.t.Helper()
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service(name)
+	var eps []sliceEndpoint
+	var ips []string
+	podAt := map[string]string{}
+	for i := range n {
+		pod, ip := fmt.Sprintf("%s-%d", name, i), fmt.Sprintf("10.%d.%d.%d", subnet, i/200, i%200+1)
+		f.pod(name, pod, ip)
+		eps = append(eps, ready(pod, ip))
+		ips = append(ips, ip)
+		podAt[ip] = pod
+	}
+	f.slice(name, name+"-x", eps...)
+	f.alb(name, name)
+	f.waitForAddresses(name, slices.Clone(ips)...) // it sorts what it is given
+	return eps, ips, podAt
+}
+
+// versions maps each slice's name to its resourceVersion.
+func versions(list []*networkingv1.ServiceEntry) map[string]string {
+	out := map[string]string{}
+	for _, se := range list {
+		out[se.Name] = se.ResourceVersion
+	}
+	return out
+}
+
+// rewritten names the slices whose resourceVersion changed between two snapshots, and those
+// that appeared or went.
+func rewritten(before, after map[string]string) []string {
+	var out []string
+	for name, rv := range after {
+		if before[name] != rv {
+			out = append(out, name)
+		}
+	}
+	for name := range before {
+		if _, ok := after[name]; !ok {
+			out = append(out, name+" (deleted)")
+		}
+	}
+	return out
+}
+
+// A Service with more endpoints than one slice holds is mirrored as several ServiceEntries of
+// the same host: each with exactly the Service's ports, the same labels, owner and install
+// label, at most the bound of endpoints, its own record of its own endpoints' weights; the
+// status counts them. A membership change rewrites only the slice that holds the endpoint.
+func TestMirror_ServiceEntrySlicesSplitAndChangeOneAtATime(t *testing.T) {
+	f := newFixture(t)
+	eps, ips, _ := f.slicedService("sliced", 100, 40)
+	list := f.serviceEntrySlices("sliced")
+	if got := strings.Join(sliceNames(list), ","); got != "sliced,sliced.1,sliced.2" {
+		t.Fatalf("slices %s, want sliced,sliced.1,sliced.2 (100 endpoints at %d per slice)", got, suiteSliceEndpoints)
+	}
+	first := list[0]
+	for _, se := range list {
+		if n := len(se.Spec.Endpoints); n > suiteSliceEndpoints || n == 0 {
+			t.Errorf("slice %s has %d endpoints", se.Name, n)
+		}
+		head, want := se.Spec.DeepCopy(), first.Spec.DeepCopy()
+		head.Endpoints, want.Endpoints = nil, nil
+		if !proto.Equal(head, want) {
+			t.Errorf("slice %s's spec beside its endpoints differs from the first's:\n%v\n%v", se.Name, head, want)
+		}
+		if !maps.Equal(se.Labels, first.Labels) || se.Labels[ServiceLabel] != "sliced" || se.Labels[InstallLabel] != suiteInstallID {
+			t.Errorf("slice %s labels %v, want %v with %s=sliced and the install label", se.Name, se.Labels, first.Labels, ServiceLabel)
+		}
+		if owner := metav1.GetControllerOf(se); owner == nil || owner.UID != metav1.GetControllerOf(first).UID {
+			t.Errorf("slice %s controller %v", se.Name, owner)
+		}
+		applied, ok := readApplied(se)
+		if !ok || len(applied) != len(se.Spec.Endpoints) {
+			t.Errorf("slice %s records %d weights for its %d endpoints", se.Name, len(applied), len(se.Spec.Endpoints))
+		}
+	}
+	f.eventually("status counts 3 slices", func() error {
+		alb := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, types.NamespacedName{Namespace: f.ns, Name: "sliced"}, alb); err != nil {
+			return err
+		}
+		if alb.Status.ServiceEntrySlices != 3 || alb.Status.ServiceEntry != "sliced" {
+			return fmt.Errorf("status serviceEntry %q serviceEntrySlices %d", alb.Status.ServiceEntry, alb.Status.ServiceEntrySlices)
+		}
+		return nil
+	})
+
+	// One endpoint leaves: only its slice is written.
+	before := versions(f.serviceEntrySlices("sliced"))
+	home := ""
+	for _, se := range list {
+		for _, e := range se.Spec.Endpoints {
+			if e.Address == ips[57] {
+				home = se.Name
+			}
+		}
+	}
+	rest := append(append([]sliceEndpoint(nil), eps[:57]...), eps[58:]...)
+	f.slice("sliced", "sliced-x", rest...)
+	f.waitForAddresses("sliced", append(append([]string(nil), ips[:57]...), ips[58:]...)...)
+	if got := rewritten(before, versions(f.serviceEntrySlices("sliced"))); len(got) != 1 || got[0] != home {
+		t.Fatalf("one endpoint leaving %s rewrote %v", home, got)
+	}
+}
+
+// The weight cycle's write touches only the slices whose weights change, limits the weight sum
+// over the union, and records each slice's own weights.
+func TestWeightCycle_WritesOnlyTheSlicesWhoseWeightsChange(t *testing.T) {
+	f := newFixture(t)
+	_, ips, podAt := f.slicedService("weighed", 90, 41)
+	list := f.serviceEntrySlices("weighed")
+	if len(list) != 3 {
+		t.Fatalf("%d slices, want 3", len(list))
+	}
+	target := list[2].Spec.Endpoints[0].Address
+	before := versions(list)
+	f.writeWeightsAsTheCycle("weighed", map[string]int{target: 700}, podAt)
+	after := f.serviceEntrySlices("weighed")
+	if got := rewritten(before, versions(after)); len(got) != 1 || got[0] != "weighed.2" {
+		t.Fatalf("a weight change in weighed.2 rewrote %v", got)
+	}
+	applied, _ := readApplied(after[2])
+	if applied[podAt[target]] != 700 {
+		t.Fatalf("weighed.2 records %d for %s, want 700", applied[podAt[target]], podAt[target])
+	}
+	for _, se := range after[:2] {
+		if _, ok := readApplied(se); !ok {
+			t.Fatalf("slice %s lost its record", se.Name)
+		}
+	}
+	// The mirror keeps the weight across a membership change elsewhere.
+	all := map[string]int{}
+	for _, ip := range ips {
+		all[ip] = 100
+	}
+	all[target] = 700
+	f.writeWeightsAsTheCycle("weighed", all, podAt)
+	union, err := f.serviceEntryUnion("weighed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range union.Spec.Endpoints {
+		if want := uint32(all[e.Address]); e.Weight != want {
+			t.Fatalf("%s weight %d, want %d", e.Address, e.Weight, want)
+		}
+	}
+}
+
+// A ServiceEntry of a slice's name that someone else owns is never overwritten: the Service is
+// not served (ServiceEntryNotOwned), and the slices the operator wrote are deleted rather than
+// left beside an object it cannot keep in step.
+func TestMirror_ASliceNameSomeoneElseOwnsIsRefused(t *testing.T) {
+	f := newFixture(t)
+	foreign := sizedServiceEntry(f.ns, "taken.2", 1)
+	foreign.Labels = map[string]string{"team": "other"}
+	if err := k8s.Create(f.ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("taken")
+	var eps []sliceEndpoint
+	for i := range 30 {
+		pod, ip := fmt.Sprintf("taken-%d", i), fmt.Sprintf("10.42.0.%d", i+1)
+		f.pod("taken", pod, ip)
+		eps = append(eps, ready(pod, ip))
+	}
+	f.slice("taken", "taken-x", eps...)
+	f.alb("taken", "taken")
+	f.waitForCondition("taken", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	for i := 30; i < 100; i++ { // two more slices needed: taken.1, then taken.2, which is taken
+		pod, ip := fmt.Sprintf("taken-%d", i), fmt.Sprintf("10.42.%d.%d", i/200, i%200+1)
+		f.pod("taken", pod, ip)
+		eps = append(eps, ready(pod, ip))
+	}
+	f.slice("taken", "taken-x", eps...)
+	c := f.waitForCondition("taken", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonServiceEntryNotOwned)
+	if !strings.Contains(c.Message, "ServiceEntry "+f.ns+"/taken.2 exists and is not owned") {
+		t.Fatalf("message %q does not name taken.2", c.Message)
+	}
+	f.eventually("the operator's slices deleted, the foreign one kept", func() error {
+		left := sliceNames(f.serviceEntrySlices("taken"))
+		if strings.Join(left, ",") != "taken.2" {
+			return fmt.Errorf("slices %v", left)
+		}
+		return nil
+	})
+	if err := k8s.Delete(f.ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	f.waitForCondition("taken", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	if got := len(f.serviceEntrySlices("taken")); got != 3 {
+		t.Fatalf("%d slices after the foreign one went, want 3", got)
+	}
+}
+
+// When the Service goes, every slice goes with its first.
+func TestMirror_EverySliceGoesWithTheService(t *testing.T) {
+	f := newFixture(t)
+	f.slicedService("gone", 85, 43)
+	if got := len(f.serviceEntrySlices("gone")); got != 3 {
+		t.Fatalf("%d slices, want 3", got)
+	}
+	if err := k8s.Delete(f.ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: "gone"}}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitForCondition("gone", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonTargetNotFound)
+	f.eventually("every slice deleted", func() error {
+		if left := sliceNames(f.serviceEntrySlices("gone")); len(left) > 0 {
+			return fmt.Errorf("slices %v left", left)
+		}
+		return nil
+	})
+}
+
+func sliceNames(list []*networkingv1.ServiceEntry) []string {
+	out := make([]string, len(list))
+	for i, se := range list {
+		out[i] = se.Name
+	}
+	return out
+}
+
+// A Service of 10,000 ready pods (four times what one ServiceEntry could hold in etcd) is
+// mirrored in slices and gets weights; one endpoint above the per-Service limit removes every
+// slice (clients fall back to the Kubernetes endpoints) and says why, and back under it the
+// slices return. Bounded: the pods are created by 8 writers, and every wait is the fixture's.
+func TestMirror_TenThousandPodsGetWeightsInSlices(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("huge")
+	const n = suiteMaxEndpoints + 1
+	eps := make([]sliceEndpoint, n)
+	ips := make([]string, n)
+	podAt := map[string]string{}
+	for i := range n {
+		pod, ip := fmt.Sprintf("huge-%05d", i), fmt.Sprintf("10.%d.%d.%d", 60+i/60000, i/240%250, i%240+1)
+		eps[i], ips[i], podAt[ip] = ready(pod, ip), ip, pod
+	}
+	f.createPods("huge", eps)
+	// EndpointSlices hold at most 1,000 endpoints.
+	setSlices := func(eps []sliceEndpoint) {
+		for s := 0; s*1000 < n; s++ {
+			f.slice("huge", fmt.Sprintf("huge-%02d", s), eps[min(s*1000, len(eps)):min((s+1)*1000, len(eps))]...)
+		}
+	}
+	setSlices(eps[:n-1])
+	f.alb("huge", "huge")
+	f.waitForAddresses("huge", slices.Clone(ips[:n-1])...)
+	list := f.serviceEntrySlices("huge")
+	if want := (n - 1) / suiteSliceEndpoints; len(list) != want {
+		t.Fatalf("%d slices for %d endpoints, want %d", len(list), n-1, want)
+	}
+	f.waitForCondition("huge", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+
+	// Weights for all of them, as the weight cycle writes them.
+	byIP := map[string]int{}
+	for i, ip := range ips[:n-1] {
+		byIP[ip] = 50 + i%200
+	}
+	f.writeWeightsAsTheCycle("huge", byIP, podAt)
+	union, err := f.serviceEntryUnion("huge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range union.Spec.Endpoints {
+		if int(e.Weight) != byIP[e.Address] {
+			t.Fatalf("%s has weight %d, want %d", e.Address, e.Weight, byIP[e.Address])
+		}
+	}
+	applied, ok := readApplied(union)
+	if !ok || len(applied) != n-1 {
+		t.Fatalf("the slices record %d weights, want %d", len(applied), n-1)
+	}
+
+	// One more endpoint than the limit: every slice goes.
+	setSlices(eps)
+	c := f.waitForCondition("huge", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonTooManyEndpoints)
+	if want := fmt.Sprintf("%d ready endpoints, above the limit of %d endpoints per Service", n, n-1); !strings.Contains(c.Message, want) {
+		t.Fatalf("message %q lacks %q", c.Message, want)
+	}
+	f.eventually("every ServiceEntry slice deleted", func() error {
+		if left := f.serviceEntrySlices("huge"); len(left) > 0 {
+			return fmt.Errorf("%d slices still there, the first %s", len(left), left[0].Name)
+		}
+		return nil
+	})
+	setSlices(eps[1:])
+	f.waitForAddresses("huge", slices.Clone(ips[1:])...)
+	f.waitForCondition("huge", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
+
+// createPods creates the pods of eps for app, as f.pod does (without their status, which the
+// mirror does not read: the EndpointSlices say which are ready), with 8 writers.
+func (f *fixture) createPods(app string, eps []sliceEndpoint) {
+	f.t.Helper()
+	work := make(chan sliceEndpoint)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			var first error
+			for e := range work {
+				if first != nil {
+					continue
+				}
+				p := &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Name: e.pod, Namespace: f.ns,
+						Labels:      map[string]string{"app": app, "version": "v1", "security.istio.io/tlsMode": "istio"},
+						Annotations: map[string]string{"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`}},
+					Spec: corev1.PodSpec{NodeName: "node-a", ServiceAccountName: app + "-sa",
+						Containers: []corev1.Container{{Name: "app", Image: "app"}, {Name: "istio-proxy", Image: "proxy"}}},
+				}
+				first = f.c.Create(f.ctx, p)
+			}
+			errs <- first
+		})
+	}
+	for _, e := range eps {
+		work <- e
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
