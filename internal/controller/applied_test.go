@@ -223,14 +223,9 @@ func TestWeightCycle_EveryServiceFailsOpenInOneCycleWhateverTheBudget(t *testing
 		lf.waitForCondition(name, adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFallback)
 	}
 	fallbacks := 0
-	for drained := false; !drained; {
-		select {
-		case ev := <-lf.events.Events:
-			if strings.HasPrefix(ev, "Warning "+EventFallback) {
-				fallbacks++
-			}
-		default:
-			drained = true
+	for _, ev := range lf.drainEvents() {
+		if strings.HasPrefix(ev, "Warning "+EventFallback) {
+			fallbacks++
 		}
 	}
 	if fallbacks != 2 {

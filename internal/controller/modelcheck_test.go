@@ -84,15 +84,7 @@ func TestWeightCycle_AGroupTheWeightsLoadedToItsLimitIsRelievedAndSaysSo(t *test
 		}
 		return nil
 	})
-	var events []string
-	for drained := false; !drained; {
-		select {
-		case ev := <-lf.events.Events:
-			events = append(events, ev)
-		default:
-			drained = true
-		}
-	}
+	events := lf.drainEvents()
 	found := false
 	for _, ev := range events {
 		found = found || (strings.HasPrefix(ev, corev1.EventTypeNormal+" "+EventModelOverruled) && strings.Contains(ev, "CPU limit"))

@@ -379,15 +379,7 @@ func TestWeightCycle_MetricsOutageHoldsThenFallsBackToEqualWeights(t *testing.T)
 	lf.waitForWeights(equal)
 	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionTrue, adlbv1.ReasonFallback)
 	lf.assertShortConditions("web")
-	var events []string
-	for drained := false; !drained; {
-		select {
-		case ev := <-lf.events.Events:
-			events = append(events, ev)
-		default:
-			drained = true
-		}
-	}
+	events := lf.drainEvents()
 	found := false
 	for _, ev := range events {
 		found = found || strings.HasPrefix(ev, "Warning "+EventFallback)
