@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
@@ -349,5 +350,72 @@ func (f *fixture) createPods(app string, eps []sliceEndpoint) {
 		if err != nil {
 			f.t.Fatal(err)
 		}
+	}
+}
+
+// Someone else's write to one slice makes the operator's next write to it conflict, and an edit
+// of its weights makes the cache disagree with the operator's version: both are resolved by
+// reading that slice, and only that one, from the API server. A list of the Service's slices
+// (what the slices first did) is what the API server pays the most for at scale; none is made.
+func TestMirror_AConflictOnASliceIsResolvedWithoutAList(t *testing.T) {
+	f := newFixture(t)
+	eps, ips, _ := f.slicedService("conflicted", 100, 44)
+	list := f.serviceEntrySlices("conflicted")
+	if len(list) != 3 {
+		t.Fatalf("%d slices, want 3", len(list))
+	}
+	listsBefore, getsBefore := serviceEntryReads(f.ns, "list"), serviceEntryReads(f.ns, "get")
+
+	// Another controller annotates conflicted.1: nothing the mirror writes changes, so the
+	// operator's remembered version of it is now behind the API server's.
+	second := list[1]
+	if err := k8s.Patch(f.ctx, second, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"example.com/audited":"yes"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	// An endpoint of conflicted.1 leaves: the mirror's update of it conflicts, and is retried on
+	// the API server's version, keeping the other controller's annotation.
+	leaving := second.Spec.Endpoints[0].Address
+	var rest []sliceEndpoint
+	var want []string
+	for i, e := range eps {
+		if ips[i] != leaving {
+			rest = append(rest, e)
+			want = append(want, ips[i])
+		}
+	}
+	f.slice("conflicted", "conflicted-x", rest...)
+	f.waitForAddresses("conflicted", want...)
+	after, err := f.serviceEntry("conflicted.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Annotations["example.com/audited"] != "yes" {
+		t.Fatalf("the mirror's write dropped another controller's annotation: %v", after.Annotations)
+	}
+
+	// Someone edits a weight in conflicted.2 by hand: the operator restores it.
+	third := f.serviceEntrySlices("conflicted")[2]
+	edited := third.DeepCopy()
+	edited.Spec.Endpoints[0].Weight = 999
+	if err := k8s.Update(f.ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the hand-edited weight restored", func() error {
+		se, err := f.serviceEntry("conflicted.2")
+		if err != nil {
+			return err
+		}
+		if w := se.Spec.Endpoints[0].Weight; w == 999 {
+			return fmt.Errorf("weight still %d", w)
+		}
+		return nil
+	})
+
+	if lists := serviceEntryReads(f.ns, "list") - listsBefore; lists != 0 {
+		t.Errorf("the operator listed ServiceEntries %d times to resolve the conflicts; want none", lists)
+	}
+	// A get per slice read, a few retries at most.
+	if gets := serviceEntryReads(f.ns, "get") - getsBefore; gets == 0 || gets > 2*maxSliceRetries {
+		t.Errorf("the operator read %d ServiceEntries from the API server; want the slices concerned, at most %d", gets, 2*maxSliceRetries)
 	}
 }
