@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 // slicedService creates Service name with n ready pods in one EndpointSlice and its
@@ -417,5 +419,75 @@ func TestMirror_AConflictOnASliceIsResolvedWithoutAList(t *testing.T) {
 	// A get per slice read, a few retries at most.
 	if gets := serviceEntryReads(f.ns, "get") - getsBefore; gets == 0 || gets > 2*maxSliceRetries {
 		t.Errorf("the operator read %d ServiceEntries from the API server; want the slices concerned, at most %d", gets, 2*maxSliceRetries)
+	}
+}
+
+// A weight write that fails part-way leaves the slices written so far with the new weights and
+// the rest with the old (no address is in two slices, so none carries two weights), says how
+// far it got, and the next cycle's write completes it, rewriting only what is left.
+func TestWeightCycle_AWeightWriteFailingPartWayIsCompletedByTheNextCycle(t *testing.T) {
+	f := newFixture(t)
+	_, ips, podAt := f.slicedService("partial", 90, 45)
+	list := f.serviceEntrySlices("partial")
+	if got := strings.Join(sliceNames(list), ","); got != "partial,partial.1,partial.2" {
+		t.Fatalf("slices %s, want partial,partial.1,partial.2", got)
+	}
+	next := map[string]int{}
+	for i, ip := range ips {
+		next[ip] = 200 + i%5
+	}
+	cycle := &WeightCycle{Client: operatorClient, Versions: sharedVersions, Metrics: testMetrics}
+	write := func() error {
+		list := f.serviceEntrySlices("partial")
+		se := unionView(list)
+		d := &dueTarget{key: types.NamespacedName{Namespace: f.ns, Name: "partial"}, se: se, slices: list, replannedAt: replannedAt(se), slicePod: podAt}
+		var decision weights.Decision
+		for ip, weight := range next {
+			decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})
+		}
+		return cycle.writeWeights(f.ctx, d, decision, false)
+	}
+	weighted := func(se *networkingv1.ServiceEntry) bool {
+		for _, e := range se.Spec.Endpoints {
+			if int(e.Weight) != next[e.Address] {
+				return false
+			}
+		}
+		return true
+	}
+
+	fault := &apiFault{status: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: "injected: etcdserver: leader changed"}, object: "partial.2"}
+	apiFaults.Store(f.ns, fault)
+	err := write()
+	apiFaults.Delete(f.ns)
+	if err == nil || !strings.Contains(err.Error(), "reached 2 of the Service's 3 ServiceEntry slices") {
+		t.Fatalf("error %v, want one saying the weights reached 2 of 3 slices", err)
+	}
+	half := f.serviceEntrySlices("partial")
+	if !weighted(half[0]) || !weighted(half[1]) || weighted(half[2]) {
+		t.Fatalf("after the failure: new weights in partial %t, partial.1 %t, partial.2 %t; want true, true, false", weighted(half[0]), weighted(half[1]), weighted(half[2]))
+	}
+	seen := map[string]bool{}
+	for _, se := range half {
+		for _, e := range se.Spec.Endpoints {
+			if seen[e.Address] {
+				t.Fatalf("address %s in two slices", e.Address)
+			}
+			seen[e.Address] = true
+		}
+	}
+
+	before := versions(half)
+	if err := write(); err != nil {
+		t.Fatalf("the next cycle's write: %v", err)
+	}
+	after := f.serviceEntrySlices("partial")
+	for _, se := range after {
+		if !weighted(se) {
+			t.Fatalf("slice %s lacks the new weights after the next cycle", se.Name)
+		}
+	}
+	if got := rewritten(before, versions(after)); len(got) != 1 || got[0] != "partial.2" {
+		t.Fatalf("the next cycle rewrote %v, want only partial.2", got)
 	}
 }
