@@ -121,7 +121,7 @@ func endpointSlice(n, changed int) *discoveryv1.EndpointSlice {
 }
 
 // serviceEntry is a ServiceEntry as the mirror writes one slice: n endpoints with address,
-// labels, locality, service account and weight; endpoint changed left out.
+// target port, labels, locality, service account and weight; endpoint changed left out.
 func serviceEntry(apiVersion string, n, changed int) *unstructured.Unstructured {
 	var eps []any
 	for i := range n {
@@ -129,7 +129,7 @@ func serviceEntry(apiVersion string, n, changed int) *unstructured.Unstructured 
 			continue
 		}
 		eps = append(eps, map[string]any{
-			"address": address(i), "weight": int64(100 + i%7), "locality": "eu-west/eu-west-1a", "serviceAccount": "spiffe://cluster.local/ns/bench/sa/web",
+			"address": address(i), "weight": int64(100 + i%7), "ports": map[string]any{"http": int64(8080)}, "locality": "eu-west/eu-west-1a", "serviceAccount": "spiffe://cluster.local/ns/bench/sa/web",
 			"labels": map[string]any{"app": "web", "version": "v1", "security.istio.io/tlsMode": "istio"},
 		})
 	}
