@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -56,7 +57,8 @@ func scaleSize(name string, def int) int {
 //	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s \
 //	  go test -run '^$' -bench Scale_20kPods -benchtime 1x -timeout 30m ./cmd/adaptive-lb/
 //
-// ADAPTIVELB_BENCH_SCALE_SERVICES and ADAPTIVELB_BENCH_SCALE_OPTED change the counts.
+// ADAPTIVELB_BENCH_SCALE_SERVICES and ADAPTIVELB_BENCH_SCALE_OPTED change the counts;
+// ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file> saves the operator's heap profile after sync.
 func BenchmarkScale_20kPods(b *testing.B) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		b.Skip("KUBEBUILDER_ASSETS is not set: run `make envtest-assets`")
@@ -157,8 +159,13 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		auditBefore := auditCounts(b, auditLog)
 		start := time.Now()
 		metricsAddr := freeLoopbackAddr(b)
+		// ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file>: the operator's heap profile after sync.
+		heapProfile, pprofAddr := os.Getenv("ADAPTIVELB_BENCH_SCALE_HEAPPROFILE"), "0"
+		if heapProfile != "" {
+			pprofAddr = freeLoopbackAddr(b)
+		}
 		op := exec.Command(bin, "run", "--kubeconfig", kubeconfig, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
-			"--health-probe-bind-address", "0", "--log-level", "error", "--tsdb-url", vm.URL)
+			"--health-probe-bind-address", "0", "--pprof-bind-address", pprofAddr, "--log-level", "error", "--tsdb-url", vm.URL)
 		op.Stderr = os.Stderr
 		if limit := os.Getenv("ADAPTIVELB_BENCH_SCALE_GOMEMLIMIT"); limit != "" {
 			op.Env = append(os.Environ(), "GOMEMLIMIT="+limit)
@@ -172,6 +179,9 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		atStartup := auditCounts(b, auditLog).minus(auditBefore)
 		rssStartup, _ := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
+		if heapProfile != "" {
+			saveHeapProfile(b, pprofAddr, heapProfile)
+		}
 
 		// A minute of churn on opted-in Services (ADAPTIVELB_BENCH_SCALE_RATE changes/s, 20 by
 		// default; 200 is the propagation target's rate).
@@ -391,6 +401,24 @@ func freeLoopbackAddr(b *testing.B) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// saveHeapProfile writes the operator's heap profile (after a collection, so in-use figures
+// are the live heap) to path.
+func saveHeapProfile(b *testing.B, addr, path string) {
+	b.Helper()
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatalf("fetch the operator's heap profile: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("fetch the operator's heap profile: %s, %v", resp.Status, err)
+	}
+	if err := os.WriteFile(path, body, 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // scrapeGauge reads one unlabelled sample from the operator's metrics endpoint (0 if absent).
