@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/adaptive-lb/adaptive-lb/internal/intern"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 )
 
@@ -41,11 +42,13 @@ func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 		only[ns] = cache.Config{}
 	}
 	istiod := func(c cache.Config) map[string]cache.Config { return map[string]cache.Config{src.IstioNamespace: c} }
+	// One table per cache: a rebuilt manager's cache shares nothing with the one before.
+	shared := intern.NewMaps(intern.DefaultMapLimit)
 	return cache.Options{
 		DefaultNamespaces: only,
 		DefaultTransform:  cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:                {Transform: trimPod},
+			&corev1.Pod{}:                {Transform: podTrimmer(shared)},
 			&corev1.Node{}:               {Transform: trimNode},
 			&corev1.Service{}:            {Transform: trimService},
 			&discoveryv1.EndpointSlice{}: {Transform: trimEndpointSlice},
@@ -63,6 +66,20 @@ func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 // to the API server: the transform derives it so that the containers themselves (about 400
 // bytes each before their contents) need not be cached.
 const CachedCPULimitAnnotation = "cache.adaptivelb.io/cpu-limit-millicores"
+
+// podTrimmer returns trimPod with the pods' labels and derived annotations shared through
+// shared: the replicas of a Deployment carry equal labels, and most pods the same two
+// annotations, and one map per pod was about a fifth of the operator's heap (docs/scaling.md,
+// "where the heap goes"). The cache never writes its objects, so sharing is safe there.
+func podTrimmer(shared *intern.Maps) func(obj any) (any, error) {
+	return func(obj any) (any, error) {
+		out, err := trimPod(obj)
+		if pod, ok := out.(*corev1.Pod); ok && err == nil {
+			pod.Labels, pod.Annotations = shared.Of(pod.Labels), shared.Of(pod.Annotations)
+		}
+		return out, err
+	}
+}
 
 // trimPod keeps what the mirror and the weight cycle read: identity, labels (copied onto the
 // ServiceEntry endpoint), whether Istio's sidecar is there, the node, the service account, the
