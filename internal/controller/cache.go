@@ -70,7 +70,7 @@ const CachedCPULimitAnnotation = "cache.adaptivelb.io/cpu-limit-millicores"
 
 // podTrimmer returns trimPod with the pods' labels and derived annotations shared through
 // shared: the replicas of a Deployment carry equal labels, and most pods the same two
-// annotations, and one map per pod was about a fifth of the operator's heap (docs/scaling.md,
+// annotations, and one map per pod was about an eighth of the operator's heap (docs/scaling.md,
 // "where the heap goes"). The cache never writes its objects, so sharing is safe there.
 // Its readiness condition is shared the same way, one slice per status, and the strings that
 // thousands of pods repeat (namespace, node, service account) are Go's unique copies.

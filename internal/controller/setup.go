@@ -89,7 +89,7 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 // indexInNamespace registers an index as the cache's IndexField does, for lookups within one
 // namespace only. IndexField files every value twice, under the object's namespace and under
 // "all namespaces", and client-go's indexer keeps a set per key: for the indexes with an entry
-// per pod that second copy was a seventh of the operator's heap (docs/scaling.md, "where the heap
+// per pod that second copy was a tenth of the operator's heap (docs/scaling.md, "where the heap
 // goes"), and no query reads it. A List on such an index must name its namespace
 // (client.InNamespace): without one it finds nothing (TestIndexes_NamespacedOnlyQueriedInANamespace).
 func indexInNamespace(ctx context.Context, c cache.Cache, obj client.Object, field string, extract client.IndexerFunc) error {
