@@ -345,6 +345,7 @@ type EndpointStatus struct {
 // +kubebuilder:resource:shortName=adlb,categories=adaptivelb
 // +kubebuilder:printcolumn:name="Target",type=string,JSONPath=`.spec.targetRef.name`
 // +kubebuilder:printcolumn:name="Endpoints",type=integer,JSONPath=`.status.endpointCount`
+// +kubebuilder:printcolumn:name="Slices",type=integer,JSONPath=`.status.serviceEntrySlices`,priority=1
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.mode`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

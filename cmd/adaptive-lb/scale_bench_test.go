@@ -14,23 +14,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
@@ -52,12 +45,19 @@ func scaleSize(name string, def int) int {
 // operator binary as its own process and measures: the time to the first full mirror (every
 // opted-in Service's ServiceEntry listing its 20 endpoints), the operator's RSS, and the requests
 // it made by verb, from the API server's audit log, during start-up and during a minute of
-// endpoint churn afterwards (where no list call may appear).
+// endpoint churn afterwards (where no list call may appear); and the weight cycle's mean
+// duration, with the mean of each of its phases (adaptivelb_weight_cycle_phase_seconds).
 //
 //	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s \
 //	  go test -run '^$' -bench Scale_20kPods -benchtime 1x -timeout 30m ./cmd/adaptive-lb/
 //
-// ADAPTIVELB_BENCH_SCALE_SERVICES and ADAPTIVELB_BENCH_SCALE_OPTED change the counts;
+// ADAPTIVELB_BENCH_SCALE_SERVICES and ADAPTIVELB_BENCH_SCALE_OPTED change the counts (OPTED at
+// least 10, one Service in SERVICES/OPTED opted in). ADAPTIVELB_BENCH_SCALE_BIG=<pods> adds one
+// more opted-in Service, big in team-00, of that many pods in EndpointSlices of 100 (the
+// operator mirrors it into ServiceEntry slices): big_startup_s is when the union of its slices
+// first lists every pod (startup_s is the 20-pod Services'; the start-up is the later of the
+// two), and one change in ten of the churn flips one of its endpoints. The 200,000-pod run
+// with a 10,000-pod Service is SERVICES=9500 BIG=10000.
 // ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file> saves the operator's heap profile after sync, and
 // reports the live heap then (after a collection).
 func BenchmarkScale_20kPods(b *testing.B) {
@@ -65,7 +65,12 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		b.Skip("KUBEBUILDER_ASSETS is not set: run `make envtest-assets`")
 	}
 	services, opted := scaleSize("ADAPTIVELB_BENCH_SCALE_SERVICES", 1000), scaleSize("ADAPTIVELB_BENCH_SCALE_OPTED", 200)
+	big := scaleSize("ADAPTIVELB_BENCH_SCALE_BIG", 0)
 	const perService, namespaces, nodes = 20, 10, 100
+	if err := checkScaleSizes(services, opted, big); err != nil {
+		b.Fatal(err)
+	}
+	step := services / opted // Service i*step is the i-th opted in, for i < opted
 	dir := b.TempDir()
 	policy := filepath.Join(dir, "audit-policy.yaml")
 	if err := os.WriteFile(policy, []byte("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n"), 0o644); err != nil {
@@ -97,43 +102,27 @@ func BenchmarkScale_20kPods(b *testing.B) {
 	ctx := context.Background()
 
 	// The cluster: nodes, namespaces, and per Service its pods (with IPs), its EndpointSlice and,
-	// for the first `opted`, an AdaptiveLoadBalancer.
+	// for one in step up to `opted` of them, an AdaptiveLoadBalancer; then the big Service.
 	fillStart := time.Now()
 	for n := range nodes {
-		mustCreate(b, admin, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("node-%03d", n), Labels: map[string]string{
+		mustCreate(b, admin, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: scaleNode(n), Labels: map[string]string{
 			"topology.kubernetes.io/region": "eu-west-1", "topology.kubernetes.io/zone": fmt.Sprintf("eu-west-1%c", 'a'+n%3), "node.kubernetes.io/instance-type": []string{"m7i.2xlarge", "m5.2xlarge"}[n%2]}}})
 	}
 	for ns := range namespaces {
 		mustCreate(b, admin, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("team-%02d", ns)}})
 	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	errs := make(chan error, 1)
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range work {
-				if err := createScaleService(ctx, admin, s, namespaces, perService, nodes, s%(services/opted) == 0); err != nil {
-					select {
-					case errs <- err:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	for s := range services {
-		work <- s
-	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errs:
+	err = inParallel(services, func(s int) error {
+		return createScaleService(ctx, admin, s, namespaces, perService, nodes, s%step == 0 && s/step < opted)
+	})
+	if err != nil {
 		b.Fatal(err)
-	default:
 	}
-	b.Logf("created %d pods in %d Services (%d opted in) in %s", services*perService, services, opted, time.Since(fillStart).Round(time.Second))
+	if big > 0 {
+		if err := createBigService(ctx, admin, big, nodes); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("created %d pods in %d Services (%d opted in) and %d pods in the big Service in %s", services*perService, services, opted, big, time.Since(fillStart).Round(time.Second))
 
 	// The operator, built and run as its own process under its own identity.
 	bin := filepath.Join(dir, "adaptive-lb")
@@ -145,14 +134,18 @@ func BenchmarkScale_20kPods(b *testing.B) {
 	// ahead, so that every weight cycle of the run finds a full window.
 	vm := vmtest.Start(b)
 	now := time.Now()
-	for s := 0; s < services; s += services / opted {
+	for i := range opted {
 		var sig strings.Builder
-		ns, name := scaleNames(s, namespaces)
+		ns, name := scaleNames(i*step, namespaces)
 		for p := range perService {
-			pod := fmt.Sprintf("%s-%02d", name, p)
-			cores := 0.2 + 0.4*float64(p%2) // two hardware speeds
-			sig.WriteString(vmtest.Counter(fmt.Sprintf(`container_cpu_usage_seconds_total{namespace=%q,pod=%q,container="app"}`, ns, pod), cores, now.Add(-2*time.Minute), now.Add(10*time.Minute), 15*time.Second))
-			sig.WriteString(vmtest.Counter(fmt.Sprintf(`istio_requests_total{reporter="destination",namespace=%q,pod=%q,response_code="200"}`, ns, pod), 20, now.Add(-2*time.Minute), now.Add(10*time.Minute), 15*time.Second))
+			writeScaleSignals(&sig, ns, fmt.Sprintf("%s-%02d", name, p), p, now)
+		}
+		vm.ImportText(b, sig.String())
+	}
+	for from := 0; from < big; from += 1000 {
+		var sig strings.Builder
+		for p := from; p < min(from+1000, big); p++ {
+			writeScaleSignals(&sig, bigNamespace, bigPodName(p), p, now)
 		}
 		vm.ImportText(b, sig.String())
 	}
@@ -175,8 +168,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 			b.Fatal(err)
 		}
 		stop := func() { _ = op.Process.Signal(os.Interrupt); _ = op.Wait() }
-		waitFullMirror(b, admin, opted, perService, 10*time.Minute)
-		startup := time.Since(start)
+		startup, bigStartup := waitFullMirror(b, admin, start, opted, perService, big, 10*time.Minute)
 		atStartup := auditCounts(b, auditLog).minus(auditBefore)
 		rssStartup, _ := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
@@ -189,18 +181,32 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		// default; 200 is the propagation target's rate).
 		rate := scaleSize("ADAPTIVELB_BENCH_SCALE_RATE", 20)
 		churnStart := auditCounts(b, auditLog)
-		propagationBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds")
-		churned := churn(b, admin, namespaces, services, opted, perService, rate, time.Minute)
+		propagationBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "")
+		churned, bigChurned := churn(b, admin, namespaces, step, opted, perService, bigSlices(big), rate, time.Minute)
 		time.Sleep(5 * time.Second) // let the last changes through
 		afterStartup := auditCounts(b, auditLog).minus(churnStart)
-		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds").minus(propagationBefore)
-		cycle := scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_duration_seconds")
+		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "").minus(propagationBefore)
+		cycle := scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_duration_seconds", "")
+		phases := map[string]histogram{}
+		for _, phase := range []string{"gather", "fetch", "evaluate", "write", "status"} {
+			phases[phase] = scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_phase_seconds", fmt.Sprintf("phase=%q", phase))
+		}
 		b.ReportMetric(float64(churned)/time.Minute.Seconds(), "changes/s")
+		if big > 0 {
+			b.ReportMetric(float64(bigChurned)/time.Minute.Seconds(), "big_changes/s")
+		}
 		b.ReportMetric(propagation.quantile(0.5)*1000, "propagation_p50_ms")
 		b.ReportMetric(propagation.quantile(0.99)*1000, "propagation_p99_ms")
 		b.ReportMetric(cycle.count, "weight_cycles")
 		if cycle.count > 0 {
 			b.ReportMetric(cycle.sum/cycle.count*1000, "weight_cycle_mean_ms")
+		}
+		// Each phase's mean over the cycles that went through it: gather over every cycle, the
+		// others over the cycles with a Service due.
+		for phase, h := range phases {
+			if h.count > 0 {
+				b.ReportMetric(h.sum/h.count*1000, "cycle_"+phase+"_ms")
+			}
 		}
 		rss, hwm := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heap := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
@@ -209,6 +215,9 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		b.ReportMetric(heap/1e6, "heap_inuse_after_churn_MB")
 
 		b.ReportMetric(startup.Seconds(), "startup_s")
+		if big > 0 {
+			b.ReportMetric(bigStartup.Seconds(), "big_startup_s")
+		}
 		b.ReportMetric(float64(rssStartup)/1e6, "rss_after_sync_MB")
 		b.ReportMetric(float64(rss)/1e6, "rss_after_churn_MB")
 		b.ReportMetric(float64(hwm)/1e6, "rss_peak_MB")
@@ -228,115 +237,44 @@ func mustCreate(b *testing.B, c client.Client, o client.Object) {
 	}
 }
 
-func scaleIP(s, p int) string { return fmt.Sprintf("10.%d.%d.%d", 100+s/250, s%250, p+1) }
-
-func scaleNames(s, namespaces int) (ns, svc string) {
-	return fmt.Sprintf("team-%02d", s%namespaces), fmt.Sprintf("svc-%04d", s)
-}
-
-// createScaleService creates one Service with its pods (IPs set in status), EndpointSlice and,
-// when opted, its AdaptiveLoadBalancer.
-func createScaleService(ctx context.Context, c client.Client, s, namespaces, perService, nodes int, opted bool) error {
-	ns, name := scaleNames(s, namespaces)
-	if err := c.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: corev1.ServiceSpec{
-		Selector: map[string]string{"app": name},
-		Ports:    []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}},
-	}}); err != nil {
-		return err
-	}
-	slice := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name + "-x", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
-		AddressType: discoveryv1.AddressTypeIPv4, Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}}}
-	for p := range perService {
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%02d", name, p), Namespace: ns,
-				Labels:      map[string]string{"app": name, "version": "v1"},
-				Annotations: map[string]string{"sidecar.istio.io/status": `{"containers":["istio-proxy"]}`}},
-			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%03d", (s*perService+p)%nodes), ServiceAccountName: name, Containers: []corev1.Container{
-				{Name: "app", Image: "registry.example.com/app:1.0", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}},
-				{Name: "istio-proxy", Image: "docker.io/istio/proxyv2:1.31.1"},
-			}},
-		}
-		if err := c.Create(ctx, pod); err != nil {
-			return err
-		}
-		pod.Status = corev1.PodStatus{PodIP: scaleIP(s, p), PodIPs: []corev1.PodIP{{IP: scaleIP(s, p)}},
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-		if err := c.Status().Update(ctx, pod); err != nil {
-			return err
-		}
-		slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{scaleIP(s, p)}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
-			NodeName: ptr.To(pod.Spec.NodeName), TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: pod.Name}})
-	}
-	if err := c.Create(ctx, slice); err != nil {
-		return err
-	}
-	if opted {
-		return c.Create(ctx, &adlbv1.AdaptiveLoadBalancer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: adlbv1.AdaptiveLoadBalancerSpec{TargetRef: adlbv1.TargetRef{Name: name}}})
-	}
-	return nil
-}
-
-// waitFullMirror polls until `opted` ServiceEntries list `perService` endpoints each.
-func waitFullMirror(b *testing.B, c client.Client, opted, perService int, timeout time.Duration) {
+// waitFullMirror polls until `opted` ServiceEntries of the 20-pod Services list `perService`
+// endpoints each and, when big > 0, the ServiceEntry slices of the big Service list its `big`
+// addresses between them. It returns when each was first complete, counted from start.
+func waitFullMirror(b *testing.B, c client.Client, start time.Time, opted, perService, big int, timeout time.Duration) (services, bigService time.Duration) {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
+	deadline := start.Add(timeout)
 	for {
 		var list networkingv1.ServiceEntryList
 		if err := c.List(context.Background(), &list); err != nil {
 			b.Fatal(err)
 		}
 		full := 0
+		bigAddresses := map[string]bool{}
 		for _, se := range list.Items {
+			if isBigServiceSlice(se) {
+				for _, e := range se.Spec.Endpoints {
+					bigAddresses[e.Address] = true
+				}
+				continue
+			}
 			if len(se.Spec.Endpoints) == perService {
 				full++
 			}
 		}
-		if full == opted {
-			return
+		if full == opted && services == 0 {
+			services = time.Since(start)
+		}
+		if len(bigAddresses) == big && bigService == 0 {
+			bigService = time.Since(start)
+		}
+		if services > 0 && bigService > 0 {
+			return services, bigService
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("only %d of %d ServiceEntries complete after %s", full, opted, timeout)
+			b.Fatalf("after %s, %d of %d ServiceEntries complete, and the big Service's slices list %d of its %d pods", timeout, full, opted, len(bigAddresses), big)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// churn flips the readiness of endpoints of opted-in Services at rate per second for d, from
-// 10 writers that own disjoint Services (so a Service's changes stay ordered), and returns how
-// many changes it made.
-func churn(b *testing.B, c client.Client, namespaces, services, opted, perService, rate int, d time.Duration) int {
-	b.Helper()
-	const writers = 10
-	var total atomic.Int64
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(d)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(time.Second * writers / time.Duration(rate))
-			defer tick.Stop()
-			for i := 0; time.Now().Before(deadline); i++ {
-				<-tick.C
-				s := (w + writers*(i%(opted/writers))) * (services / opted)
-				ns, name := scaleNames(s, namespaces)
-				slice := &discoveryv1.EndpointSlice{}
-				if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name + "-x"}, slice); err != nil {
-					b.Error(err)
-					return
-				}
-				e := (i / (opted / writers)) % perService
-				slice.Endpoints[e].Conditions.Ready = ptr.To(!ptr.Deref(slice.Endpoints[e].Conditions.Ready, true))
-				if err := c.Update(context.Background(), slice); err != nil {
-					b.Error(err)
-					return
-				}
-				total.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return int(total.Load())
 }
 
 // verbCounts counts the operator's requests by verb, with a verb/resource breakdown.
@@ -479,8 +417,9 @@ func (h histogram) quantile(q float64) float64 {
 	return lower
 }
 
-// scrapeHistogram reads an unlabelled histogram from the operator's metrics endpoint.
-func scrapeHistogram(b *testing.B, addr, name string) histogram {
+// scrapeHistogram reads a histogram from the operator's metrics endpoint: the series whose labels
+// (other than le) are exactly labels, as exposed (`phase="fetch"`), or the unlabelled one.
+func scrapeHistogram(b *testing.B, addr, name, labels string) histogram {
 	b.Helper()
 	var h histogram
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -489,23 +428,27 @@ func scrapeHistogram(b *testing.B, addr, name string) histogram {
 		return h
 	}
 	defer resp.Body.Close()
+	// The exposition puts le after the series' own labels.
+	bucket, sum, count := name+"_bucket{le=\"", name+"_sum ", name+"_count "
+	if labels != "" {
+		bucket, sum, count = name+"_bucket{"+labels+",le=\"", name+"_sum{"+labels+"} ", name+"_count{"+labels+"} "
+	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
 		switch {
-		case strings.HasPrefix(line, name+"_bucket{le=\""):
-			rest := strings.TrimPrefix(line, name+"_bucket{le=\"")
-			le, value, ok := strings.Cut(rest, "\"} ")
+		case strings.HasPrefix(line, bucket):
+			le, value, ok := strings.Cut(strings.TrimPrefix(line, bucket), "\"} ")
 			if !ok {
 				continue
 			}
 			bound, _ := strconv.ParseFloat(le, 64)
 			c, _ := strconv.ParseFloat(value, 64)
 			h.bounds, h.cumulative = append(h.bounds, bound), append(h.cumulative, c)
-		case strings.HasPrefix(line, name+"_sum "):
-			h.sum, _ = strconv.ParseFloat(strings.TrimPrefix(line, name+"_sum "), 64)
-		case strings.HasPrefix(line, name+"_count "):
-			h.count, _ = strconv.ParseFloat(strings.TrimPrefix(line, name+"_count "), 64)
+		case strings.HasPrefix(line, sum):
+			h.sum, _ = strconv.ParseFloat(strings.TrimPrefix(line, sum), 64)
+		case strings.HasPrefix(line, count):
+			h.count, _ = strconv.ParseFloat(strings.TrimPrefix(line, count), 64)
 		}
 	}
 	return h

@@ -287,21 +287,43 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	case err != nil:
 		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
-	outcome, err := r.mirrorInto(ctx, alb, svc, r.Versions.newest(key, cached), cached, false)
-	if errors.Is(err, errStaleView) || apierrors.IsConflict(err) || apierrors.IsNotFound(err) || apierrors.IsAlreadyExists(err) {
-		// The cache and the remembered version disagree, or someone else wrote since: decide
-		// on the API server's current object.
+	reads := sliceReads{live: map[string]*networkingv1.ServiceEntry{}}
+	outcome, err := r.mirrorInto(ctx, alb, svc, r.Versions.newest(key, cached), cached, reads)
+	// The cache and the remembered version of a slice disagree, or someone else wrote it since:
+	// decide on the API server's current version of that slice; the other slices still come
+	// from the cache and the operator's own versions. A retry that fails on another slice reads
+	// that one too, a few times at most; the workqueue's back-off does the rest. Gets of the
+	// slices concerned, never a list (a list of ServiceEntries is what the API server pays the
+	// most for at scale).
+	for range maxSliceRetries {
+		if !errors.Is(err, errStaleView) && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) && !apierrors.IsAlreadyExists(err) {
+			break
+		}
+		name := failedSlice(err, key.Name)
+		sliceKey := types.NamespacedName{Namespace: key.Namespace, Name: name}
 		live := &networkingv1.ServiceEntry{}
-		if err := r.apiReader.Get(ctx, key, live); apierrors.IsNotFound(err) {
+		if err := r.apiReader.Get(ctx, sliceKey, live); apierrors.IsNotFound(err) {
 			live = nil
 		} else if err != nil {
-			return mirrorOutcome{}, fmt.Errorf("read ServiceEntry %s/%s from the API server: %w", key.Namespace, key.Name, err)
+			return mirrorOutcome{}, fmt.Errorf("read ServiceEntry %s/%s from the API server: %w", sliceKey.Namespace, sliceKey.Name, err)
 		}
-		r.Versions.forget(key)
-		outcome, err = r.mirrorInto(ctx, alb, svc, live, live, true)
+		if live != nil && metav1.IsControlledBy(live, alb) {
+			r.Versions.remember(live) // the operator's writes it superseded stay known as such
+		} else {
+			r.Versions.forget(sliceKey)
+		}
+		reads.live[name] = live
+		if name == key.Name {
+			cached = live
+		}
+		outcome, err = r.mirrorInto(ctx, alb, svc, r.Versions.newest(key, cached), cached, reads)
 	}
 	return outcome, err
 }
+
+// maxSliceRetries bounds the retries of one reconcile after write conflicts, each reading the
+// slice that failed from the API server.
+const maxSliceRetries = 3
 
 // errStaleView: the remembered ServiceEntry already matches, but the cache shows another version
 // that does not: either the cache lags the operator's last write or someone else edited it.
@@ -310,7 +332,7 @@ var errStaleView = errors.New("cached ServiceEntry differs from the remembered o
 // mirrorInto writes the desired ServiceEntry slices; existing (nil: none) is the newest version
 // known of the first, cached the informer's version of it, and live says both were read from
 // the API server (then so are the other slices).
-func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, live bool) (mirrorOutcome, error) {
+func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, reads sliceReads) (mirrorOutcome, error) {
 	if existing != nil && !metav1.IsControlledBy(existing, alb) {
 		if previous, err := r.ofAPreviousIncarnation(ctx, alb, existing); err != nil {
 			return mirrorOutcome{}, err
@@ -321,16 +343,16 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *ad
 				"previousOwner", metav1.GetControllerOf(existing).UID)
 			r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryTakenOver, "Took over ServiceEntry %s from an earlier AdaptiveLoadBalancer %s (UID %s), deleted before this one was created",
 				existing.Name, alb.Name, metav1.GetControllerOf(existing).UID)
-			return r.mirrorOwned(ctx, alb, svc, existing, cached, live)
+			return r.mirrorOwned(ctx, alb, svc, existing, cached, reads)
 		}
 		// The other slices, if alb has any, would carry the Service's endpoints beside a
 		// ServiceEntry nobody keeps in step with them.
-		if _, err := r.deleteSlices(ctx, alb, nil, live, "its first ServiceEntry is someone else's"); err != nil {
+		if _, err := r.deleteSlices(ctx, alb, nil, reads, "its first ServiceEntry is someone else's"); err != nil {
 			return mirrorOutcome{}, err
 		}
 		return r.notOwned(alb, errForeignSlice{se: existing}), nil
 	}
-	return r.mirrorOwned(ctx, alb, svc, existing, cached, live)
+	return r.mirrorOwned(ctx, alb, svc, existing, cached, reads)
 }
 
 // notOwned is the outcome for a ServiceEntry of the Service's, or of one of its slices' names,
@@ -360,8 +382,8 @@ func (r *AdaptiveLoadBalancerReconciler) ofAPreviousIncarnation(ctx context.Cont
 
 // mirrorOwned writes the desired ServiceEntry slices over the existing ones; existing, the
 // first, alb controls or takes over.
-func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, live bool) (mirrorOutcome, error) {
-	set, err := r.ownedSlices(ctx, alb, existing, cached, live)
+func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, reads sliceReads) (mirrorOutcome, error) {
+	set, err := r.ownedSlices(ctx, alb, existing, cached, reads)
 	if err != nil {
 		return mirrorOutcome{}, err
 	}
@@ -385,7 +407,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 		return mirrorOutcome{status: metav1.ConditionFalse, reason: reason, message: err.Error()}, nil
 	}
 	if errors.Is(err, istio.ErrTooLarge) {
-		return r.tooLarge(ctx, alb, existing, live, err)
+		return r.tooLarge(ctx, alb, existing, reads, err)
 	}
 	if err != nil {
 		return mirrorOutcome{}, err
@@ -416,16 +438,16 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 	if replanned != nil {
 		stamp = plannedAt
 	}
-	count, err := r.writeSlices(ctx, alb, set, spec, endpoints, stamp, live, WriteReasonEndpoints)
+	count, err := r.writeSlices(ctx, alb, set, spec, endpoints, stamp, reads, WriteReasonEndpoints)
 	var foreign errForeignSlice
 	switch {
 	case errors.As(err, &foreign):
-		if _, err := r.deleteSlices(ctx, alb, existing, live, fmt.Sprintf("ServiceEntry %s, which one of its slices needs, is someone else's", foreign.se.Name)); err != nil {
+		if _, err := r.deleteSlices(ctx, alb, existing, reads, fmt.Sprintf("ServiceEntry %s, which one of its slices needs, is someone else's", foreign.se.Name)); err != nil {
 			return mirrorOutcome{}, err
 		}
 		return r.notOwned(alb, foreign), nil
 	case errors.Is(err, istio.ErrTooLarge):
-		return r.tooLarge(ctx, alb, existing, live, err)
+		return r.tooLarge(ctx, alb, existing, reads, err)
 	case err != nil:
 		return mirrorOutcome{}, err
 	}
@@ -456,8 +478,8 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 
 // tooLarge removes the Service's slices, which would keep overriding the Kubernetes endpoints
 // while every further write fails, so that clients fall back to all endpoints.
-func (r *AdaptiveLoadBalancerReconciler) tooLarge(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, live bool, tooLarge error) (mirrorOutcome, error) {
-	if _, err := r.deleteSlices(ctx, alb, existing, live, "the Service is too large to mirror"); err != nil {
+func (r *AdaptiveLoadBalancerReconciler) tooLarge(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, existing *networkingv1.ServiceEntry, reads sliceReads, tooLarge error) (mirrorOutcome, error) {
+	if _, err := r.deleteSlices(ctx, alb, existing, reads, "the Service is too large to mirror"); err != nil {
 		return mirrorOutcome{}, err
 	}
 	r.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonTooManyEndpoints, tooLarge.Error())
@@ -685,7 +707,7 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 	if err := r.Update(ctx, updated); err != nil {
 		return nil, fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
-	r.Versions.remember(updated)
+	r.Versions.rememberWrite(updated, existing)
 	r.Metrics.ServiceEntryWrites.WithLabelValues(reason).Inc()
 	log.FromContext(ctx).Info("ServiceEntry updated", "serviceEntry", client.ObjectKeyFromObject(updated), "endpoints", len(spec.Endpoints), "writeReason", reason)
 	return updated, nil
@@ -706,7 +728,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteOwnedServiceEntry(ctx context.Con
 	if err != nil {
 		return fmt.Errorf("get ServiceEntry %s/%s: %w", alb.Namespace, alb.Spec.TargetRef.Name, err)
 	}
-	_, err = r.deleteSlices(ctx, alb, se, false, fmt.Sprintf("its Service cannot be mirrored (%s)", reason))
+	_, err = r.deleteSlices(ctx, alb, se, sliceReads{}, fmt.Sprintf("its Service cannot be mirrored (%s)", reason))
 	return err
 }
 

@@ -20,9 +20,11 @@ import (
 )
 
 // apiFault makes the API server, as the operator sees it, answer every ServiceEntry write in one
-// namespace with an error until it is cleared, and counts the attempts.
+// namespace (or, with object set, every write of that one ServiceEntry) with an error until it
+// is cleared, and counts the attempts.
 type apiFault struct {
 	status   metav1.Status
+	object   string
 	attempts atomic.Int64
 }
 
@@ -38,7 +40,7 @@ func injectedFault(req *http.Request) *http.Response {
 		}
 		return true
 	})
-	if fault == nil {
+	if fault == nil || (fault.object != "" && !strings.HasSuffix(req.URL.Path, "/serviceentries/"+fault.object)) {
 		return nil
 	}
 	fault.attempts.Add(1)

@@ -2,9 +2,14 @@ package controller
 
 import "github.com/prometheus/client_golang/prometheus"
 
+// cycleBuckets are the buckets of the cycle's duration and of each of its phases, so that the
+// phases' quantiles compare with the whole cycle's.
+var cycleBuckets = prometheus.ExponentialBuckets(0.005, 2, 14)
+
 // CycleMetrics are the weight cycle's own metrics.
 type CycleMetrics struct {
 	CycleDuration    prometheus.Histogram
+	PhaseDuration    *prometheus.HistogramVec
 	EstimatedPushes  prometheus.Counter
 	LastSuccess      prometheus.Gauge
 	DeferredServices prometheus.Gauge
@@ -17,8 +22,19 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 		CycleDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "adaptivelb_weight_cycle_duration_seconds",
 			Help:    "Duration of one weight cycle: metrics fetch, engine and the burst of writes.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+			Buckets: cycleBuckets,
 		}),
+		PhaseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "adaptivelb_weight_cycle_phase_seconds",
+			Help: "Duration of one phase of a weight cycle, by phase: " +
+				PhaseGather + " (list the AdaptiveLoadBalancers and read their Services, EndpointSlices, Pods and ServiceEntries from the cache), " +
+				PhaseFetch + " (the TSDB queries), " +
+				PhaseEvaluate + " (the weight engine and the cycle's plan), " +
+				PhaseWrite + " (the burst of ServiceEntry weight writes), " +
+				PhaseStatus + " (the AdaptiveLoadBalancer status writes). " +
+				"Each phase a cycle goes through is observed once per cycle; fetch, evaluate and write only in a cycle with a Service due.",
+			Buckets: cycleBuckets,
+		}, []string{"phase"}),
 		EstimatedPushes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "adaptivelb_estimated_istiod_pushes_total",
 			Help: "istiod pushes the operator's weight writes cause, by istiod's debounce rule (PILOT_DEBOUNCE_AFTER/MAX).",
@@ -37,6 +53,7 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 		}),
 	}
 	m.CycleDuration = register(reg, m.CycleDuration)
+	m.PhaseDuration = register(reg, m.PhaseDuration)
 	m.EstimatedPushes = register(reg, m.EstimatedPushes)
 	m.LastSuccess = register(reg, m.LastSuccess)
 	m.DeferredServices = register(reg, m.DeferredServices)

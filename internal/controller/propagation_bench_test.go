@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
 )
 
 // BenchmarkEndpointPropagation drives 100 Services × 20 endpoints on the real API server with 200
@@ -82,7 +83,7 @@ func BenchmarkEndpointPropagation(b *testing.B) {
 	const writers = 25
 	for b.Loop() {
 		propagationSamples.start()
-		apiserverCPU := childCPUSeconds("kube-apiserver")
+		apiserverCPU := benchutil.ChildCPUSeconds("kube-apiserver")
 		profileDone := profileAPIServer(b, os.Getenv("ADAPTIVELB_BENCH_APISERVER_PROFILE"), 30*time.Second)
 		var wg sync.WaitGroup
 		var changes atomic.Int64
@@ -113,7 +114,7 @@ func BenchmarkEndpointPropagation(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		apiserverCores := (childCPUSeconds("kube-apiserver") - apiserverCPU) / duration.Seconds()
+		apiserverCores := (benchutil.ChildCPUSeconds("kube-apiserver") - apiserverCPU) / duration.Seconds()
 		<-profileDone
 		close(errs)
 		for err := range errs {
@@ -250,33 +251,3 @@ func restConfigForRaw(cfg *rest.Config) *rest.Config {
 	c.NegotiatedSerializer = clientgoscheme.Codecs.WithoutConversion()
 	return c
 }
-
-// childCPUSeconds returns the CPU time (user+system) used so far by this process's child named
-// comm (envtest's kube-apiserver), from /proc; 0 where /proc is unavailable. On a small machine
-// the API server's CPU is what bounds the propagation delay, so the benchmark reports it.
-func childCPUSeconds(comm string) float64 {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, path := range stats {
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ... utime(14) stime(15), counted from the field after comm.
-		line := string(raw)
-		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-		if open < 0 || end < open || line[open+1:end] != comm {
-			continue
-		}
-		fields := strings.Fields(line[end+1:])
-		if len(fields) < 13 || fields[1] != strconv.Itoa(os.Getpid()) {
-			continue
-		}
-		utime, _ := strconv.ParseFloat(fields[11], 64)
-		stime, _ := strconv.ParseFloat(fields[12], 64)
-		return (utime + stime) / clockTicksPerSecond
-	}
-	return 0
-}
-
-// clockTicksPerSecond is USER_HZ, 100 on every Linux architecture Go supports.
-const clockTicksPerSecond = 100

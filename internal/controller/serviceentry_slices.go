@@ -32,11 +32,22 @@ type serviceEntrySlices struct {
 	cached  map[string]*networkingv1.ServiceEntry
 }
 
+// sliceReads says where ownedSlices reads a Service's slices from. The zero value: the informer
+// cache and the versions this operator wrote (the cache may not list a slice it created a
+// moment ago), which is all a reconcile needs, also after a conflict.
+type sliceReads struct {
+	// listLive lists the slices from the API server: for when the cache itself is what fails
+	// (the stale ServiceEntry's removal), never on the mirror's path.
+	listLive bool
+	// live are slices read from the API server, by name, after a write to them failed (nil: the
+	// API server had none of that name): one get per failed slice, the others from the cache.
+	// Each is also remembered in Versions, which then follows the operator's writes to it.
+	live map[string]*networkingv1.ServiceEntry
+}
+
 // ownedSlices gathers the slices of alb's target: primary (its newest version and the cache's,
-// either may be nil) and every further slice alb controls. From the cache (indexed by
-// controller) and the versions this operator wrote (the cache may not list a slice it created
-// a moment ago), or with live from the API server, after a conflict.
-func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary, primaryCached *networkingv1.ServiceEntry, live bool) (serviceEntrySlices, error) {
+// either may be nil) and every further slice alb controls, from where reads says.
+func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary, primaryCached *networkingv1.ServiceEntry, reads sliceReads) (serviceEntrySlices, error) {
 	name := alb.Spec.TargetRef.Name
 	set := serviceEntrySlices{primary: name, newest: map[string]*networkingv1.ServiceEntry{}, cached: map[string]*networkingv1.ServiceEntry{}}
 	if primary != nil {
@@ -47,7 +58,7 @@ func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *a
 	}
 	var list networkingv1.ServiceEntryList
 	var err error
-	if live {
+	if reads.listLive {
 		err = r.apiReader.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingLabels{ServiceEntryOwnerLabel: alb.Name})
 	} else {
 		err = r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy)
@@ -60,21 +71,61 @@ func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *a
 			continue
 		}
 		set.cached[se.Name] = se
-		if live {
+		if reads.listLive {
 			r.Versions.forget(client.ObjectKeyFromObject(se))
 			set.newest[se.Name] = se
 		} else {
 			set.newest[se.Name] = r.Versions.newest(client.ObjectKeyFromObject(se), se)
 		}
 	}
-	if !live {
-		for _, se := range r.Versions.slicesOf(alb.Namespace, name) {
-			if set.newest[se.Name] == nil && metav1.IsControlledBy(se, alb) {
-				set.newest[se.Name] = se
-			}
+	if reads.listLive {
+		return set, nil
+	}
+	for _, se := range r.Versions.slicesOf(alb.Namespace, name) {
+		if set.newest[se.Name] == nil && metav1.IsControlledBy(se, alb) {
+			set.newest[se.Name] = se
 		}
 	}
+	// What was read live stands for the cache's version, which lags or was edited by someone
+	// else; the version to write on is the newest known (the live one, or the operator's own
+	// write since). One someone else controls is no slice of alb's (sliceTaken decides on it).
+	for sliceName, se := range reads.live {
+		if sliceName == name {
+			continue // the primary came as an argument
+		}
+		key := types.NamespacedName{Namespace: alb.Namespace, Name: sliceName}
+		delete(set.cached, sliceName)
+		if se == nil || !metav1.IsControlledBy(se, alb) {
+			// Gone when read; written since only if the operator created it since.
+			if created := r.Versions.newest(key, nil); created != nil && se == nil {
+				set.newest[sliceName] = created
+			} else {
+				delete(set.newest, sliceName)
+			}
+			continue
+		}
+		set.cached[sliceName], set.newest[sliceName] = se, r.Versions.newest(key, se)
+	}
 	return set, nil
+}
+
+// sliceWriteError is a failed write (or a refusal to write on a view that disagrees) of one
+// slice, named so that a retry reads that slice, and only that one, from the API server.
+type sliceWriteError struct {
+	name string
+	err  error
+}
+
+func (e sliceWriteError) Error() string { return e.err.Error() }
+func (e sliceWriteError) Unwrap() error { return e.err }
+
+// failedSlice names the slice whose write failed with err, and primary when err names none.
+func failedSlice(err error, primary string) string {
+	var failed sliceWriteError
+	if errors.As(err, &failed) {
+		return failed.name
+	}
+	return primary
 }
 
 // names are the slices in number order, the primary first.
@@ -154,7 +205,7 @@ func (e errForeignSlice) Error() string {
 // no slice, none in two with different weights) and deletes the slices no longer needed. Each
 // slice carries its own record of the weights of its own endpoints. It returns the number of
 // slices.
-func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, set serviceEntrySlices, whole *apinetworkingv1.ServiceEntry, endpoints []istio.Endpoint, replannedAt time.Time, live bool, reason string) (int, error) {
+func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, set serviceEntrySlices, whole *apinetworkingv1.ServiceEntry, endpoints []istio.Endpoint, replannedAt time.Time, reads sliceReads, reason string) (int, error) {
 	current := make(map[string][]*apinetworkingv1.WorkloadEntry, len(set.newest))
 	for name, se := range set.newest {
 		current[name] = se.Spec.Endpoints
@@ -181,8 +232,10 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 	for _, name := range sortedSliceNames(set.primary, slices.Collect(maps.Keys(plan.Slices))) {
 		d := want(name, plan.Slices[name], time.Time{})
 		newest, cached := set.newest[name], set.cached[name]
-		if newest != nil && cached != nil && newest.ResourceVersion != cached.ResourceVersion && r.upToDate(newest, d) && !r.upToDate(cached, d) {
-			return 0, errStaleView
+		if newest != nil && cached != nil && newest.ResourceVersion != cached.ResourceVersion && !r.Versions.lagging(cached) &&
+			r.upToDate(newest, d) && !r.upToDate(cached, d) {
+			// Not the cache lagging behind the operator's own writes: someone else's edit.
+			return 0, sliceWriteError{name: name, err: errStaleView}
 		}
 		rewrite := !planned[name] && newest != nil && !r.upToDate(newest, d)
 		if rewrite {
@@ -197,7 +250,7 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 			}
 		}
 		if newest == nil && name != set.primary {
-			taken, err := r.sliceTaken(ctx, alb, name, live)
+			taken, err := r.sliceTaken(ctx, alb, name, reads)
 			if err != nil {
 				return 0, err
 			}
@@ -210,14 +263,14 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 	for _, w := range writes {
 		written, err := r.apply(ctx, alb, set.newest[w.Name], want(w.Name, w.Endpoints, replannedAt), reason)
 		if err != nil {
-			return 0, err
+			return 0, sliceWriteError{name: w.Name, err: err}
 		}
 		set.newest[w.Name] = written
 	}
 	for _, name := range plan.Deletes {
 		se := set.newest[name]
 		if _, _, err := r.deleteIfControlled(ctx, alb, se); err != nil {
-			return 0, err
+			return 0, sliceWriteError{name: name, err: err}
 		}
 	}
 	return len(plan.Slices), nil
@@ -226,11 +279,16 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 // sliceTaken returns the ServiceEntry of name when it exists and an earlier AdaptiveLoadBalancer
 // of alb's name owned it (to take over, like the primary), nil when there is none, and
 // errForeignSlice when it is someone else's.
-func (r *AdaptiveLoadBalancerReconciler) sliceTaken(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, name string, live bool) (*networkingv1.ServiceEntry, error) {
+func (r *AdaptiveLoadBalancerReconciler) sliceTaken(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, name string, reads sliceReads) (*networkingv1.ServiceEntry, error) {
 	key := types.NamespacedName{Namespace: alb.Namespace, Name: name}
 	se := &networkingv1.ServiceEntry{}
 	var err error
-	if live {
+	if read, ok := reads.live[name]; ok {
+		if read == nil {
+			return nil, nil
+		}
+		se = read.DeepCopy() // not alb's: ownedSlices would have listed it
+	} else if reads.listLive {
 		err = r.apiReader.Get(ctx, key, se)
 	} else {
 		err = r.Get(ctx, key, se)
@@ -254,8 +312,8 @@ func (r *AdaptiveLoadBalancerReconciler) sliceTaken(ctx context.Context, alb *ad
 
 // deleteSlices deletes every slice of alb's target that alb controls, primary (may be nil)
 // included, and reports how many it deleted; why completes the event's message.
-func (r *AdaptiveLoadBalancerReconciler) deleteSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary *networkingv1.ServiceEntry, live bool, why string) (int, error) {
-	set, err := r.ownedSlices(ctx, alb, primary, nil, live)
+func (r *AdaptiveLoadBalancerReconciler) deleteSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, primary *networkingv1.ServiceEntry, reads sliceReads, why string) (int, error) {
+	set, err := r.ownedSlices(ctx, alb, primary, nil, reads)
 	if err != nil {
 		return 0, err
 	}

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"slices"
 	"sync"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -21,11 +22,62 @@ import (
 // and the weight cycle share one, so that neither bases a write on a version the other has
 // already replaced.
 type ServiceEntryVersions struct {
-	m sync.Map // client.ObjectKey → *networkingv1.ServiceEntry (never mutated once stored)
+	m sync.Map // client.ObjectKey → *rememberedVersion (never mutated once stored)
 }
 
+// rememberedVersion is the newest version of one ServiceEntry and the resourceVersions of the
+// same object it superseded through the operator's own writes, newest last.
+type rememberedVersion struct {
+	se         *networkingv1.ServiceEntry
+	superseded []string
+}
+
+// maxSuperseded bounds the history kept per ServiceEntry: an informer that lags by more of the
+// operator's own writes than this is treated as showing someone else's edit, which costs one
+// read of that object from the API server, never a wrong write.
+const maxSuperseded = 16
+
+func (v *ServiceEntryVersions) load(key client.ObjectKey) (*rememberedVersion, bool) {
+	got, ok := v.m.Load(key)
+	if !ok {
+		return nil, false
+	}
+	return got.(*rememberedVersion), true
+}
+
+// remember records se as the newest version: read live, or created by the operator.
 func (v *ServiceEntryVersions) remember(se *networkingv1.ServiceEntry) {
-	v.m.Store(client.ObjectKeyFromObject(se), se.DeepCopy())
+	v.rememberWrite(se, nil)
+}
+
+// rememberWrite records written, the API server's answer to the operator's write based on base
+// (nil for a create or a read): the versions it superseded, base's and the one remembered
+// before, are the operator's own, so an informer still showing one of them lags (lagging).
+func (v *ServiceEntryVersions) rememberWrite(written, base *networkingv1.ServiceEntry) {
+	key := client.ObjectKeyFromObject(written)
+	next := &rememberedVersion{se: written.DeepCopy()}
+	if prev, ok := v.load(key); ok && prev.se.UID == written.UID {
+		next.superseded = append(next.superseded, prev.superseded...)
+		if prev.se.ResourceVersion != written.ResourceVersion {
+			next.superseded = append(next.superseded, prev.se.ResourceVersion)
+		}
+	}
+	if base != nil && base.UID == written.UID && base.ResourceVersion != written.ResourceVersion && !slices.Contains(next.superseded, base.ResourceVersion) {
+		next.superseded = append(next.superseded, base.ResourceVersion)
+	}
+	if n := len(next.superseded); n > maxSuperseded {
+		next.superseded = slices.Clone(next.superseded[n-maxSuperseded:])
+	}
+	v.m.Store(key, next)
+}
+
+// lagging reports whether cached, the informer's version of a ServiceEntry, is one the
+// operator's own writes have since superseded: the cache is behind, and the remembered version
+// is the newest the API server has. Any other version differing from the remembered one is
+// someone else's write (or a write the operator did not see answered).
+func (v *ServiceEntryVersions) lagging(cached *networkingv1.ServiceEntry) bool {
+	got, ok := v.load(client.ObjectKeyFromObject(cached))
+	return ok && got.se.UID == cached.UID && slices.Contains(got.superseded, cached.ResourceVersion)
 }
 
 func (v *ServiceEntryVersions) forget(key client.ObjectKey) {
@@ -36,7 +88,7 @@ func (v *ServiceEntryVersions) forget(key client.ObjectKey) {
 // operator has created since under the same name.
 func (v *ServiceEntryVersions) forgetDeleted(deleted client.Object) {
 	key := client.ObjectKeyFromObject(deleted)
-	if got, ok := v.m.Load(key); ok && got.(*networkingv1.ServiceEntry).UID == deleted.GetUID() {
+	if got, ok := v.m.Load(key); ok && got.(*rememberedVersion).se.UID == deleted.GetUID() {
 		v.m.CompareAndDelete(key, got)
 	}
 }
@@ -47,11 +99,11 @@ func (v *ServiceEntryVersions) forgetDeleted(deleted client.Object) {
 // version that someone else has since changed makes the write conflict, and the caller reads
 // the object live and retries.
 func (v *ServiceEntryVersions) newest(key client.ObjectKey, cached *networkingv1.ServiceEntry) *networkingv1.ServiceEntry {
-	got, ok := v.m.Load(key)
+	got, ok := v.load(key)
 	if !ok {
 		return cached
 	}
-	remembered := got.(*networkingv1.ServiceEntry)
+	remembered := got.se
 	if cached != nil && cached.UID != remembered.UID {
 		return cached
 	}
@@ -66,7 +118,7 @@ func (v *ServiceEntryVersions) slicesOf(namespace, primary string) []*networking
 	v.m.Range(func(k, got any) bool {
 		key := k.(client.ObjectKey)
 		if n, ok := istio.SliceIndex(primary, key.Name); ok && n > 0 && key.Namespace == namespace {
-			out = append(out, got.(*networkingv1.ServiceEntry).DeepCopy())
+			out = append(out, got.(*rememberedVersion).se.DeepCopy())
 		}
 		return true
 	})
@@ -76,6 +128,6 @@ func (v *ServiceEntryVersions) slicesOf(namespace, primary string) []*networking
 // known reports whether resourceVersion rv of the ServiceEntry is the remembered one: its watch
 // event then carries nothing the operator has not already acted on.
 func (v *ServiceEntryVersions) known(key client.ObjectKey, rv string) bool {
-	got, ok := v.m.Load(key)
-	return ok && got.(*networkingv1.ServiceEntry).ResourceVersion == rv
+	got, ok := v.load(key)
+	return ok && got.se.ResourceVersion == rv
 }

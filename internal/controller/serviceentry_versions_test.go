@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strconv"
 	"testing"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -55,5 +56,49 @@ func TestServiceEntryVersions_NewestPrefersTheOperatorsOwnLastWrite(t *testing.T
 	v.forget(key)
 	if v.known(key, "8") {
 		t.Fatal("forget must drop the remembered version")
+	}
+}
+
+// The informer lags the operator's own writes: a cached version the operator's writes have
+// superseded is lag, any other differing version someone else's edit.
+func TestServiceEntryVersions_TellsACacheLaggingBehindOwnWritesFromAForeignEdit(t *testing.T) {
+	se := func(uid, rv string) *networkingv1.ServiceEntry {
+		return &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web.1", UID: types.UID(uid), ResourceVersion: rv}}
+	}
+	var v ServiceEntryVersions
+	v.remember(se("a", "10"))                     // created
+	v.rememberWrite(se("a", "12"), se("a", "10")) // updated on it
+	v.rememberWrite(se("a", "15"), se("a", "14")) // updated on a version read from the cache (someone else's 14)
+	for _, rv := range []string{"10", "12", "14"} {
+		if !v.lagging(se("a", rv)) {
+			t.Errorf("cached version %s was superseded by the operator's writes: want lagging", rv)
+		}
+	}
+	for _, c := range []*networkingv1.ServiceEntry{se("a", "13"), se("a", "16"), se("b", "10")} {
+		if v.lagging(c) {
+			t.Errorf("cached version %s of UID %s is not one the operator superseded: want not lagging", c.ResourceVersion, c.UID)
+		}
+	}
+
+	// A live read keeps the history: the operator's earlier writes stay superseded.
+	v.remember(se("a", "20"))
+	if !v.lagging(se("a", "15")) || !v.lagging(se("a", "10")) {
+		t.Error("after a live read, the operator's earlier versions must still count as lag")
+	}
+	// Re-created under the same name: the old object's history does not carry over.
+	v.remember(se("b", "30"))
+	if v.lagging(se("a", "20")) || v.lagging(se("b", "20")) {
+		t.Error("a re-created object must start a history of its own")
+	}
+	// The history is bounded.
+	for i := range 2 * maxSuperseded {
+		v.rememberWrite(se("b", strconv.Itoa(100+i+1)), se("b", strconv.Itoa(100+i)))
+	}
+	if v.lagging(se("b", "100")) || !v.lagging(se("b", strconv.Itoa(100+2*maxSuperseded-1))) {
+		t.Error("the history must keep the most recent superseded versions only")
+	}
+	v.forget(client.ObjectKey{Namespace: "ns", Name: "web.1"})
+	if v.lagging(se("b", strconv.Itoa(100+2*maxSuperseded-1))) {
+		t.Error("forget must drop the history")
 	}
 }

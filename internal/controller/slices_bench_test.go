@@ -9,6 +9,8 @@ import (
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
 )
 
 // BenchmarkServiceEntrySlices_EndpointChange measures what one endpoint change of a 2,000-pod
@@ -69,7 +71,7 @@ func BenchmarkServiceEntrySlices_EndpointChange(b *testing.B) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		objects = len(before)
-		cpu0, start := childCPUSeconds("kube-apiserver"), time.Now()
+		cpu0, start := benchutil.ChildCPUSeconds("kube-apiserver"), time.Now()
 		bytes := 0
 		for c := range changes {
 			i := (c * 37) % 1000 // endpoints of the first EndpointSlice, spread over the slices
@@ -105,12 +107,12 @@ func BenchmarkServiceEntrySlices_EndpointChange(b *testing.B) {
 			}
 		}
 		// Less what the API server spends idle (leases, the controller manager) meanwhile.
-		cpu := childCPUSeconds("kube-apiserver") - cpu0 - idle*time.Since(start).Seconds()
+		cpu := benchutil.ChildCPUSeconds("kube-apiserver") - cpu0 - idle*time.Since(start).Seconds()
 		return time.Duration(cpu / changes * float64(time.Second)), bytes / changes, objects
 	}
-	idleFrom := childCPUSeconds("kube-apiserver")
+	idleFrom := benchutil.ChildCPUSeconds("kube-apiserver")
 	time.Sleep(5 * time.Second)
-	idle = (childCPUSeconds("kube-apiserver") - idleFrom) / 5
+	idle = (benchutil.ChildCPUSeconds("kube-apiserver") - idleFrom) / 5
 	baseCPU, _, _ := run("plain", 70, false)
 	cpu, bytes, objects := run("web", 71, true)
 	b.ReportMetric(float64(baseCPU.Microseconds())/1000, "base-apiserver-ms/change")

@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -13,8 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 // slicedService creates Service name with n ready pods in one EndpointSlice and its
@@ -349,5 +352,142 @@ func (f *fixture) createPods(app string, eps []sliceEndpoint) {
 		if err != nil {
 			f.t.Fatal(err)
 		}
+	}
+}
+
+// Someone else's write to one slice makes the operator's next write to it conflict, and an edit
+// of its weights makes the cache disagree with the operator's version: both are resolved by
+// reading that slice, and only that one, from the API server. A list of the Service's slices
+// (what the slices first did) is what the API server pays the most for at scale; none is made.
+func TestMirror_AConflictOnASliceIsResolvedWithoutAList(t *testing.T) {
+	f := newFixture(t)
+	eps, ips, _ := f.slicedService("conflicted", 100, 44)
+	list := f.serviceEntrySlices("conflicted")
+	if len(list) != 3 {
+		t.Fatalf("%d slices, want 3", len(list))
+	}
+	listsBefore, getsBefore := serviceEntryReads(f.ns, "list"), serviceEntryReads(f.ns, "get")
+
+	// Another controller annotates conflicted.1: nothing the mirror writes changes, so the
+	// operator's remembered version of it is now behind the API server's.
+	second := list[1]
+	if err := k8s.Patch(f.ctx, second, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"example.com/audited":"yes"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	// An endpoint of conflicted.1 leaves: the mirror's update of it conflicts, and is retried on
+	// the API server's version, keeping the other controller's annotation.
+	leaving := second.Spec.Endpoints[0].Address
+	var rest []sliceEndpoint
+	var want []string
+	for i, e := range eps {
+		if ips[i] != leaving {
+			rest = append(rest, e)
+			want = append(want, ips[i])
+		}
+	}
+	f.slice("conflicted", "conflicted-x", rest...)
+	f.waitForAddresses("conflicted", want...)
+	after, err := f.serviceEntry("conflicted.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Annotations["example.com/audited"] != "yes" {
+		t.Fatalf("the mirror's write dropped another controller's annotation: %v", after.Annotations)
+	}
+
+	// Someone edits a weight in conflicted.2 by hand: the operator restores it.
+	third := f.serviceEntrySlices("conflicted")[2]
+	edited := third.DeepCopy()
+	edited.Spec.Endpoints[0].Weight = 999
+	if err := k8s.Update(f.ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	f.eventually("the hand-edited weight restored", func() error {
+		se, err := f.serviceEntry("conflicted.2")
+		if err != nil {
+			return err
+		}
+		if w := se.Spec.Endpoints[0].Weight; w == 999 {
+			return fmt.Errorf("weight still %d", w)
+		}
+		return nil
+	})
+
+	if lists := serviceEntryReads(f.ns, "list") - listsBefore; lists != 0 {
+		t.Errorf("the operator listed ServiceEntries %d times to resolve the conflicts; want none", lists)
+	}
+	// A get per slice read, a few retries at most.
+	if gets := serviceEntryReads(f.ns, "get") - getsBefore; gets == 0 || gets > 2*maxSliceRetries {
+		t.Errorf("the operator read %d ServiceEntries from the API server; want the slices concerned, at most %d", gets, 2*maxSliceRetries)
+	}
+}
+
+// A weight write that fails part-way leaves the slices written so far with the new weights and
+// the rest with the old (no address is in two slices, so none carries two weights), says how
+// far it got, and the next cycle's write completes it, rewriting only what is left.
+func TestWeightCycle_AWeightWriteFailingPartWayIsCompletedByTheNextCycle(t *testing.T) {
+	f := newFixture(t)
+	_, ips, podAt := f.slicedService("partial", 90, 45)
+	list := f.serviceEntrySlices("partial")
+	if got := strings.Join(sliceNames(list), ","); got != "partial,partial.1,partial.2" {
+		t.Fatalf("slices %s, want partial,partial.1,partial.2", got)
+	}
+	next := map[string]int{}
+	for i, ip := range ips {
+		next[ip] = 200 + i%5
+	}
+	cycle := &WeightCycle{Client: operatorClient, Versions: sharedVersions, Metrics: testMetrics}
+	write := func() error {
+		list := f.serviceEntrySlices("partial")
+		se := unionView(list)
+		d := &dueTarget{key: types.NamespacedName{Namespace: f.ns, Name: "partial"}, se: se, slices: list, replannedAt: replannedAt(se), slicePod: podAt}
+		var decision weights.Decision
+		for ip, weight := range next {
+			decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})
+		}
+		return cycle.writeWeights(f.ctx, d, decision, false)
+	}
+	weighted := func(se *networkingv1.ServiceEntry) bool {
+		for _, e := range se.Spec.Endpoints {
+			if int(e.Weight) != next[e.Address] {
+				return false
+			}
+		}
+		return true
+	}
+
+	fault := &apiFault{status: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: "injected: etcdserver: leader changed"}, object: "partial.2"}
+	apiFaults.Store(f.ns, fault)
+	err := write()
+	apiFaults.Delete(f.ns)
+	if err == nil || !strings.Contains(err.Error(), "reached 2 of the Service's 3 ServiceEntry slices") {
+		t.Fatalf("error %v, want one saying the weights reached 2 of 3 slices", err)
+	}
+	half := f.serviceEntrySlices("partial")
+	if !weighted(half[0]) || !weighted(half[1]) || weighted(half[2]) {
+		t.Fatalf("after the failure: new weights in partial %t, partial.1 %t, partial.2 %t; want true, true, false", weighted(half[0]), weighted(half[1]), weighted(half[2]))
+	}
+	seen := map[string]bool{}
+	for _, se := range half {
+		for _, e := range se.Spec.Endpoints {
+			if seen[e.Address] {
+				t.Fatalf("address %s in two slices", e.Address)
+			}
+			seen[e.Address] = true
+		}
+	}
+
+	before := versions(half)
+	if err := write(); err != nil {
+		t.Fatalf("the next cycle's write: %v", err)
+	}
+	after := f.serviceEntrySlices("partial")
+	for _, se := range after {
+		if !weighted(se) {
+			t.Fatalf("slice %s lacks the new weights after the next cycle", se.Name)
+		}
+	}
+	if got := rewritten(before, versions(after)); len(got) != 1 || got[0] != "partial.2" {
+		t.Fatalf("the next cycle rewrote %v, want only partial.2", got)
 	}
 }

@@ -149,7 +149,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteControlledServiceEntry(ctx contex
 	} else if err != nil {
 		return false, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
-	set, err := r.ownedSlices(ctx, alb, se, nil, true)
+	set, err := r.ownedSlices(ctx, alb, se, nil, sliceReads{listLive: true})
 	if err != nil {
 		return false, err
 	}

@@ -69,6 +69,7 @@ var (
 type seWriteCounter struct{ next http.RoundTripper }
 
 func (c seWriteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
+	countServiceEntryRead(req)
 	if req.Method != http.MethodGet && strings.Contains(req.URL.Path, "/serviceentries") {
 		seWrites.Add(1)
 		if resp := injectedFault(req); resp != nil {
@@ -76,6 +77,45 @@ func (c seWriteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return c.next.RoundTrip(req)
+}
+
+// seReads counts the operator's uncached reads of ServiceEntries in one namespace, by verb
+// ("list" or "get"): namespace → verb → *atomic.Int64. The informers watch every namespace, so
+// what a namespace's path counts is the reconcilers' own.
+var seReads sync.Map
+
+func countServiceEntryRead(req *http.Request) {
+	if req.Method != http.MethodGet || req.URL.Query().Get("watch") == "true" {
+		return
+	}
+	parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+	for i := 0; i+2 < len(parts); i++ {
+		if parts[i] != "namespaces" || parts[i+2] != "serviceentries" {
+			continue
+		}
+		verb := "list"
+		if i+3 < len(parts) {
+			verb = "get"
+		}
+		counters, _ := seReads.LoadOrStore(parts[i+1], &sync.Map{})
+		n, _ := counters.(*sync.Map).LoadOrStore(verb, &atomic.Int64{})
+		n.(*atomic.Int64).Add(1)
+		return
+	}
+}
+
+// serviceEntryReads returns how many uncached ServiceEntry reads of verb the operator has made
+// in namespace.
+func serviceEntryReads(namespace, verb string) int64 {
+	counters, ok := seReads.Load(namespace)
+	if !ok {
+		return 0
+	}
+	n, ok := counters.(*sync.Map).Load(verb)
+	if !ok {
+		return 0
+	}
+	return n.(*atomic.Int64).Load()
 }
 
 type delayRecorder struct {

@@ -125,7 +125,7 @@ func (w *WeightCycle) timeout() time.Duration {
 }
 
 // RunOnce runs one cycle now: gather, fetch, evaluate and plan, write, then the status of every
-// target. It returns an error only when the AdaptiveLoadBalancers cannot be listed; one
+// target, each phase timed in adaptivelb_weight_cycle_phase_seconds. It returns an error only when the AdaptiveLoadBalancers cannot be listed; one
 // target's failure is that target's status.
 func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	if !w.Activity.enter() {
@@ -149,10 +149,12 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.timeout())
 	defer cancel()
 
+	phases := newPhaseTimer(w.Clock, start)
 	g, err := w.dueTargets(ctx, start)
 	if err != nil {
 		return report, err
 	}
+	phases.done(PhaseGather)
 	for _, t := range g.idle {
 		w.writeIdleStatus(statusCtx, t)
 	}
@@ -162,19 +164,26 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		logger.Error(f.err, "cannot read this Service's inputs; its weights are left as they are and the next cycle retries", "adaptiveLoadBalancer", key)
 		w.writeFailedStatus(statusCtx, f)
 	}
+	if len(g.idle)+len(g.failed) > 0 {
+		phases.done(PhaseStatus)
+	}
 	due := g.due
 	report.Due = len(due)
 	deferred := 0
 	if len(due) > 0 {
 		batches := w.fetch(ctx, start, due)
+		phases.done(PhaseFetch)
 		w.evaluate(start, due, batches, &report)
 		outcomes, prev, next := w.plan(start, due)
+		phases.done(PhaseEvaluate)
 		deferred = w.writeBurst(ctx, start, due, outcomes, prev, next, &report)
+		phases.done(PhaseWrite)
 		for i, d := range due {
 			if err := w.writeStatus(statusCtx, d, outcomes[i], start); err != nil {
 				logger.Error(err, "status write failed", "adaptiveLoadBalancer", d.key)
 			}
 		}
+		phases.done(PhaseStatus)
 		// Close the debounce period the burst opened: its push is due once the quiet time passes.
 		if len(report.Writes) > 0 {
 			last := report.Writes[len(report.Writes)-1]
@@ -184,6 +193,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	w.Cycle.EstimatedPushes.Add(float64(report.Pushes))
 	w.Cycle.DeferredServices.Set(float64(deferred))
 	w.Cycle.CycleDuration.Observe(w.Clock.Since(start).Seconds())
+	phases.observe(w.Cycle.PhaseDuration)
 	// A cycle with nothing due has completed too: the stuck-cycle alert reads this.
 	w.Cycle.LastSuccess.Set(float64(w.Clock.Now().Unix()))
 	return report, nil

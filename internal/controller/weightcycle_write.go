@@ -105,7 +105,7 @@ func (w *WeightCycle) patchWeights(ctx context.Context, d *dueTarget, se, base *
 		}
 		return fmt.Errorf("patch weights of ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
-	w.Versions.remember(se)
+	w.Versions.rememberWrite(se, base)
 	return nil
 }
 
