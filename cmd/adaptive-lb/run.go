@@ -55,6 +55,7 @@ type runOptions struct {
 	secureMetrics            bool
 	metricsCertDir           string
 	probeAddr                string
+	pprofAddr                string
 	leaderElect              bool
 	leaderElectionNamespace  string
 	leaderElectionID         string
@@ -105,6 +106,9 @@ func newRunCmd() *cobra.Command {
 	f.BoolVar(&o.secureMetrics, "metrics-secure", true, "serve metrics over HTTPS, authenticated and authorized through the API server")
 	f.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory holding tls.crt and tls.key for the HTTPS metrics endpoint, re-read when they change; empty: a self-signed certificate made at start, which no scraper can verify")
 	f.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz probes")
+	// Off by default: the profiles expose the process's memory (object names, labels) to anyone
+	// who reaches the port, unauthenticated; bind it to loopback and port-forward to it.
+	f.StringVar(&o.pprofAddr, "pprof-bind-address", "0", "address of Go's /debug/pprof/ profiles (heap, CPU, goroutines), unauthenticated; 0 disables it; bind to loopback, e.g. 127.0.0.1:6060, and reach it with kubectl port-forward")
 	f.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader so that only one replica writes; standbys keep warm caches")
 	f.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader Lease (default: the pod's own)")
 	f.StringVar(&o.leaderElectionID, "leader-election-id", "adaptive-lb.adaptivelb.io", "name of the leader Lease")
@@ -413,6 +417,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		Cache:                               cacheOpts,
 		Metrics:                             metricsOpts,
 		HealthProbeBindAddress:              "0", // served by the process: see sharedParts.probes
+		PprofBindAddress:                    o.pprofAddr,
 		LeaderElection:                      o.leaderElect,
 		LeaderElectionResourceLockInterface: shared.leaderLock,
 		LeaderElectionID:                    o.leaderElectionID,

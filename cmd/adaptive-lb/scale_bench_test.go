@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -57,6 +58,8 @@ func scaleSize(name string, def int) int {
 // first lists every pod (startup_s is the 20-pod Services'; the start-up is the later of the
 // two), and one change in ten of the churn flips one of its endpoints. The 200,000-pod run
 // with a 10,000-pod Service is SERVICES=9500 BIG=10000.
+// ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file> saves the operator's heap profile after sync, and
+// reports the live heap then (after a collection).
 func BenchmarkScale_20kPods(b *testing.B) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		b.Skip("KUBEBUILDER_ASSETS is not set: run `make envtest-assets`")
@@ -150,8 +153,13 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		auditBefore := auditCounts(b, auditLog)
 		start := time.Now()
 		metricsAddr := freeLoopbackAddr(b)
+		// ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file>: the operator's heap profile after sync.
+		heapProfile, pprofAddr := os.Getenv("ADAPTIVELB_BENCH_SCALE_HEAPPROFILE"), "0"
+		if heapProfile != "" {
+			pprofAddr = freeLoopbackAddr(b)
+		}
 		op := exec.Command(bin, "run", "--kubeconfig", kubeconfig, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
-			"--health-probe-bind-address", "0", "--log-level", "error", "--tsdb-url", vm.URL)
+			"--health-probe-bind-address", "0", "--pprof-bind-address", pprofAddr, "--log-level", "error", "--tsdb-url", vm.URL)
 		op.Stderr = os.Stderr
 		if limit := os.Getenv("ADAPTIVELB_BENCH_SCALE_GOMEMLIMIT"); limit != "" {
 			op.Env = append(os.Environ(), "GOMEMLIMIT="+limit)
@@ -164,6 +172,10 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		atStartup := auditCounts(b, auditLog).minus(auditBefore)
 		rssStartup, _ := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
+		if heapProfile != "" {
+			saveHeapProfile(b, pprofAddr, heapProfile) // after a collection: the live heap
+			b.ReportMetric(scrapeGauge(b, metricsAddr, "go_memstats_heap_alloc_bytes")/1e6, "live_heap_after_sync_MB")
+		}
 
 		// A minute of churn on opted-in Services (ADAPTIVELB_BENCH_SCALE_RATE changes/s, 20 by
 		// default; 200 is the propagation target's rate).
@@ -329,6 +341,24 @@ func freeLoopbackAddr(b *testing.B) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// saveHeapProfile writes the operator's heap profile (after a collection, so in-use figures
+// are the live heap) to path.
+func saveHeapProfile(b *testing.B, addr, path string) {
+	b.Helper()
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatalf("fetch the operator's heap profile: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("fetch the operator's heap profile: %s, %v", resp.Status, err)
+	}
+	if err := os.WriteFile(path, body, 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // scrapeGauge reads one unlabelled sample from the operator's metrics endpoint (0 if absent).

@@ -3,6 +3,7 @@ package controller
 import (
 	"math"
 	"strconv"
+	"unique"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/adaptive-lb/adaptive-lb/internal/intern"
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 )
 
@@ -41,11 +43,13 @@ func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 		only[ns] = cache.Config{}
 	}
 	istiod := func(c cache.Config) map[string]cache.Config { return map[string]cache.Config{src.IstioNamespace: c} }
+	// One table per cache: a rebuilt manager's cache shares nothing with the one before.
+	shared := intern.NewMaps(intern.DefaultMapLimit)
 	return cache.Options{
 		DefaultNamespaces: only,
 		DefaultTransform:  cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:                {Transform: trimPod},
+			&corev1.Pod{}:                {Transform: podTrimmer(shared)},
 			&corev1.Node{}:               {Transform: trimNode},
 			&corev1.Service{}:            {Transform: trimService},
 			&discoveryv1.EndpointSlice{}: {Transform: trimEndpointSlice},
@@ -64,7 +68,37 @@ func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 // bytes each before their contents) need not be cached.
 const CachedCPULimitAnnotation = "cache.adaptivelb.io/cpu-limit-millicores"
 
-// trimPod keeps what the mirror and the weight cycle read: identity, labels (copied onto the
+// podTrimmer returns trimPod with the pods' labels and derived annotations shared through
+// shared: the replicas of a Deployment carry equal labels, and most pods the same two
+// annotations, and one map per pod was about an eighth of the operator's heap (docs/scaling.md,
+// "where the heap goes"). The cache never writes its objects, so sharing is safe there.
+// Its readiness condition is shared the same way, one slice per status, and the strings that
+// thousands of pods repeat (namespace, node, service account) are Go's unique copies.
+func podTrimmer(shared *intern.Maps) func(obj any) (any, error) {
+	ready := map[corev1.ConditionStatus][]corev1.PodCondition{}
+	for _, s := range []corev1.ConditionStatus{corev1.ConditionTrue, corev1.ConditionFalse, corev1.ConditionUnknown} {
+		ready[s] = []corev1.PodCondition{{Type: corev1.PodReady, Status: s}}
+	}
+	return func(obj any) (any, error) {
+		out, err := trimPod(obj)
+		pod, ok := out.(*corev1.Pod)
+		if !ok || err != nil {
+			return out, err
+		}
+		pod.Labels, pod.Annotations = shared.Of(pod.Labels), shared.Of(pod.Annotations)
+		if len(pod.Status.Conditions) == 1 {
+			if c, ok := ready[pod.Status.Conditions[0].Status]; ok {
+				pod.Status.Conditions = c
+			}
+		}
+		pod.Namespace = unique.Make(pod.Namespace).Value()
+		pod.Spec.NodeName = unique.Make(pod.Spec.NodeName).Value()
+		pod.Spec.ServiceAccountName = unique.Make(pod.Spec.ServiceAccountName).Value()
+		return pod, nil
+	}
+}
+
+// trimPod keeps what the mirror and the weight cycle read: namespace, name, labels (copied onto the
 // ServiceEntry endpoint), whether Istio's sidecar is there, the node, the service account, the
 // IPs, readiness and the start time (DestinationRule warm-up). Two facts are derived from the
 // containers and kept as annotations instead of the containers: the presence of a sidecar (as
@@ -88,6 +122,8 @@ func trimPod(obj any) (any, error) {
 		},
 	}
 	out.ObjectMeta = trimmedMeta(pod.ObjectMeta)
+	// Nothing reads a pod's UID or owners (its ReplicaSet): about 300 bytes a pod.
+	out.UID, out.OwnerReferences = "", nil
 	out.Labels = pod.Labels
 	out.Annotations = map[string]string{CachedCPULimitAnnotation: strconv.FormatInt(int64(math.Round(cpuLimit(pod)*1000)), 10)}
 	if istio.HasSidecar(pod) {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -12,10 +13,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -48,12 +51,12 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	}); err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, indexPodIP, func(o client.Object) []string {
+	if err := indexInNamespace(ctx, mgr.GetCache(), &corev1.Pod{}, indexPodIP, func(o client.Object) []string {
 		return endpointIPs(o.(*corev1.Pod))
 	}); err != nil {
 		return err
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, indexSlicePod, func(o client.Object) []string {
+	if err := indexInNamespace(ctx, mgr.GetCache(), &discoveryv1.EndpointSlice{}, indexSlicePod, func(o client.Object) []string {
 		var pods []string
 		for _, ep := range o.(*discoveryv1.EndpointSlice).Endpoints {
 			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
@@ -81,6 +84,41 @@ func SetupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		}
 		return nil
 	})
+}
+
+// indexInNamespace registers an index as the cache's IndexField does, for lookups within one
+// namespace only. IndexField files every value twice, under the object's namespace and under
+// "all namespaces", and client-go's indexer keeps a set per key: for the indexes with an entry
+// per pod that second copy was a tenth of the operator's heap (docs/scaling.md, "where the heap
+// goes"), and no query reads it. A List on such an index must name its namespace
+// (client.InNamespace): without one it finds nothing (TestIndexes_NamespacedOnlyQueriedInANamespace).
+func indexInNamespace(ctx context.Context, c cache.Cache, obj client.Object, field string, extract client.IndexerFunc) error {
+	informer, err := c.GetInformer(ctx, obj, cache.BlockUntilSynced(false))
+	if err != nil {
+		return fmt.Errorf("index %T by %s: %w", obj, field, err)
+	}
+	return informer.AddIndexers(toolscache.Indexers{fieldIndexName(field): namespacedIndex(extract)})
+}
+
+// fieldIndexName is the name controller-runtime's cache reader looks an index up by when a List
+// selects on field (client.MatchingFields); the cache tests fail if it changes.
+func fieldIndexName(field string) string { return "field:" + field }
+
+// namespacedIndex files each value extract returns under "<namespace>/<value>", the key the
+// cache reader asks for in a List within a namespace.
+func namespacedIndex(extract client.IndexerFunc) toolscache.IndexFunc {
+	return func(raw any) ([]string, error) {
+		obj, ok := raw.(client.Object)
+		if !ok {
+			return nil, fmt.Errorf("cannot index %T: not a Kubernetes object", raw)
+		}
+		values := extract(obj)
+		keys := make([]string, len(values))
+		for i, v := range values {
+			keys[i] = obj.GetNamespace() + "/" + v
+		}
+		return keys, nil
+	}
 }
 
 // SetupWithManager wires the reconciler to the events that can change a ServiceEntry.

@@ -2,10 +2,12 @@ package scale
 
 import (
 	"fmt"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
@@ -205,10 +207,43 @@ func TestCacheTransforms_KeepEverythingTheOperatorReads(t *testing.T) {
 		if len(got.Status.Conditions) != 1 || got.Status.Conditions[0].Type != corev1.PodReady || got.Status.Conditions[0].Status != corev1.ConditionTrue {
 			t.Errorf("%s: readiness lost: %v", name, got.Status.Conditions)
 		}
-		if got.ManagedFields != nil || got.Annotations["kubectl.kubernetes.io/last-applied-configuration"] != "" || got.Status.ContainerStatuses != nil || got.Spec.Containers != nil {
+		if got.ManagedFields != nil || got.Annotations["kubectl.kubernetes.io/last-applied-configuration"] != "" || got.Status.ContainerStatuses != nil || got.Spec.Containers != nil ||
+			got.UID != "" || got.OwnerReferences != nil {
 			t.Errorf("%s: kept what the operator never reads", name)
 		}
 	}
+}
+
+// The replicas of a Deployment share one labels map, one annotations map and one readiness
+// condition in the cache; a pod with other labels or another readiness has its own.
+func TestCacheTransforms_ReplicasShareWhatTheyHaveInCommon(t *testing.T) {
+	trimPod, _, _ := transforms(t)
+	trim := func(p *corev1.Pod) *corev1.Pod {
+		out, err := trimPod(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.(*corev1.Pod)
+	}
+	mapOf := func(m map[string]string) unsafe.Pointer { return reflect.ValueOf(m).UnsafePointer() }
+	a, b := trim(realisticPod(1)), trim(realisticPod(2))
+	if mapOf(a.Labels) != mapOf(b.Labels) || mapOf(a.Annotations) != mapOf(b.Annotations) || &a.Status.Conditions[0] != &b.Status.Conditions[0] {
+		t.Error("two replicas do not share their labels, annotations and readiness")
+	}
+	other := realisticPod(3)
+	other.Labels = map[string]string{"app": "checkout", "version": "v2"}
+	other.Status.Conditions[1].Status = corev1.ConditionFalse
+	c := trim(other)
+	if mapOf(c.Labels) == mapOf(a.Labels) || c.Labels["version"] != "v2" || &c.Status.Conditions[0] == &a.Status.Conditions[0] || podReady(c) {
+		t.Errorf("a pod of another version or readiness shares the replicas': labels %v, conditions %v", c.Labels, c.Status.Conditions)
+	}
+	if !podReady(a) || a.Labels["version"] != "v1" {
+		t.Errorf("the replicas' shared labels or readiness changed: %v, %v", a.Labels, a.Status.Conditions)
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	return len(p.Status.Conditions) == 1 && p.Status.Conditions[0].Type == corev1.PodReady && p.Status.Conditions[0].Status == corev1.ConditionTrue
 }
 
 // sizeOf measures the heap that n objects made by build take once built and kept alive.
