@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -111,6 +113,10 @@ func TestMirror_ServiceEntrySlicesSplitAndChangeOneAtATime(t *testing.T) {
 		}
 		return nil
 	})
+	// kubectl get -o wide shows the count: the API server's table for the CRD's columns.
+	if got := f.wideColumn("adaptiveloadbalancers", "sliced", "Slices"); got != float64(3) {
+		t.Errorf("kubectl get -o wide shows Slices %v, want 3", got)
+	}
 
 	// One endpoint leaves: only its slice is written.
 	before := versions(f.serviceEntrySlices("sliced"))
@@ -490,4 +496,36 @@ func TestWeightCycle_AWeightWriteFailingPartWayIsCompletedByTheNextCycle(t *test
 	if got := rewritten(before, versions(after)); len(got) != 1 || got[0] != "partial.2" {
 		t.Fatalf("the next cycle rewrote %v, want only partial.2", got)
 	}
+}
+
+// wideColumn returns the cell of column in the API server's table of one of the suite's
+// resources (what kubectl get -o wide prints), failing when there is no such column.
+func (f *fixture) wideColumn(resource, name, column string) any {
+	f.t.Helper()
+	httpClient, err := rest.HTTPClientFor(testConfig)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	url := fmt.Sprintf("%s/apis/%s/namespaces/%s/%s/%s", strings.TrimSuffix(testConfig.Host, "/"), adlbv1.GroupVersion.String(), f.ns, resource, name)
+	req, err := http.NewRequestWithContext(f.ctx, http.MethodGet, url, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var table metav1.Table
+	if err := json.NewDecoder(resp.Body).Decode(&table); err != nil {
+		f.t.Fatalf("decode the table of %s %s: %v", resource, name, err)
+	}
+	for i, c := range table.ColumnDefinitions {
+		if c.Name == column && len(table.Rows) == 1 && i < len(table.Rows[0].Cells) {
+			return table.Rows[0].Cells[i]
+		}
+	}
+	f.t.Fatalf("the table of %s %s has no column %s (columns %v)", resource, name, column, table.ColumnDefinitions)
+	return nil
 }
