@@ -282,8 +282,8 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 	cached := &networkingv1.ServiceEntry{}
 	err = r.Get(ctx, key, cached)
 	switch {
-	case apierrors.IsNotFound(err):
-		cached = nil
+	case apierrors.IsNotFound(err), err == nil && r.Versions.deleted(cached):
+		cached = nil // none, or one the operator deleted that the cache still shows
 	case err != nil:
 		return mirrorOutcome{}, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 	}
@@ -301,6 +301,7 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 		}
 		name := failedSlice(err, key.Name)
 		sliceKey := types.NamespacedName{Namespace: key.Namespace, Name: name}
+		before := r.Versions.snapshot(sliceKey)
 		live := &networkingv1.ServiceEntry{}
 		if err := r.apiReader.Get(ctx, sliceKey, live); apierrors.IsNotFound(err) {
 			live = nil
@@ -308,7 +309,9 @@ func (r *AdaptiveLoadBalancerReconciler) mirror(ctx context.Context, alb *adlbv1
 			return mirrorOutcome{}, fmt.Errorf("read ServiceEntry %s/%s from the API server: %w", sliceKey.Namespace, sliceKey.Name, err)
 		}
 		if live != nil && metav1.IsControlledBy(live, alb) {
-			r.Versions.remember(live) // the operator's writes it superseded stay known as such
+			// The operator's writes it superseded stay known as such; a write the weight cycle
+			// made since the read is not replaced by the older read.
+			r.Versions.rememberRead(live, before)
 		} else {
 			r.Versions.forget(sliceKey)
 		}
@@ -753,7 +756,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteIfControlled(ctx context.Context,
 	if err != nil && !apierrors.IsNotFound(err) {
 		return true, false, fmt.Errorf("delete ServiceEntry %s/%s: %w", se.Namespace, se.Name, err)
 	}
-	r.Versions.forget(client.ObjectKeyFromObject(se))
+	r.Versions.forgetDeletedByOperator(se)
 	return true, err == nil, nil
 }
 
@@ -777,7 +780,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteStaleServiceEntries(ctx context.C
 		if err := r.Delete(ctx, se, client.Preconditions{UID: &se.UID}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete ServiceEntry %s/%s, left from an earlier target of AdaptiveLoadBalancer %s: %w", se.Namespace, se.Name, alb.Name, err)
 		}
-		r.Versions.forget(client.ObjectKeyFromObject(se))
+		r.Versions.forgetDeletedByOperator(se)
 		r.Recorder.Eventf(alb, corev1.EventTypeNormal, EventServiceEntryDeleted, "Deleted ServiceEntry %s: it mirrors Service %s, which is no longer the target", se.Name, se.Name)
 	}
 	return nil

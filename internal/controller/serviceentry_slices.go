@@ -70,6 +70,9 @@ func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *a
 		if n, ok := istio.SliceIndex(name, se.Name); !ok || n == 0 || !metav1.IsControlledBy(se, alb) {
 			continue
 		}
+		if !reads.listLive && r.Versions.deleted(se) {
+			continue // the operator deleted it; the cache has not seen the deletion yet
+		}
 		set.cached[se.Name] = se
 		if reads.listLive {
 			r.Versions.forget(client.ObjectKeyFromObject(se))
@@ -87,24 +90,27 @@ func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *a
 		}
 	}
 	// What was read live stands for the cache's version, which lags or was edited by someone
-	// else; the version to write on is the newest known (the live one, or the operator's own
-	// write since). One someone else controls is no slice of alb's (sliceTaken decides on it).
+	// else. The version to write on is the newest known: the operator's own write since the read
+	// (a create, or the takeover of an earlier incarnation's slice), else the read itself. One
+	// someone else controls is no slice of alb's (sliceTaken decides on it).
 	for sliceName, se := range reads.live {
 		if sliceName == name {
 			continue // the primary came as an argument
 		}
 		key := types.NamespacedName{Namespace: alb.Namespace, Name: sliceName}
 		delete(set.cached, sliceName)
-		if se == nil || !metav1.IsControlledBy(se, alb) {
-			// Gone when read; written since only if the operator created it since.
-			if created := r.Versions.newest(key, nil); created != nil && se == nil {
-				set.newest[sliceName] = created
-			} else {
-				delete(set.newest, sliceName)
-			}
+		if se != nil && r.Versions.deleted(se) {
+			se = nil // deleted by the operator since the read
+		}
+		newest := r.Versions.newest(key, se)
+		if newest == nil || !metav1.IsControlledBy(newest, alb) {
+			delete(set.newest, sliceName)
 			continue
 		}
-		set.cached[sliceName], set.newest[sliceName] = se, r.Versions.newest(key, se)
+		set.newest[sliceName] = newest
+		if se != nil && se.UID == newest.UID && metav1.IsControlledBy(se, alb) {
+			set.cached[sliceName] = se
+		}
 	}
 	return set, nil
 }
@@ -272,6 +278,9 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 		if _, _, err := r.deleteIfControlled(ctx, alb, se); err != nil {
 			return 0, sliceWriteError{name: name, err: err}
 		}
+		if _, read := reads.live[name]; read {
+			reads.live[name] = nil // a retry must not take the read for a slice still there
+		}
 	}
 	return len(plan.Slices), nil
 }
@@ -292,6 +301,9 @@ func (r *AdaptiveLoadBalancerReconciler) sliceTaken(ctx context.Context, alb *ad
 		err = r.apiReader.Get(ctx, key, se)
 	} else {
 		err = r.Get(ctx, key, se)
+		if err == nil && r.Versions.deleted(se) {
+			return nil, nil // the operator deleted it; the cache lags
+		}
 	}
 	if apierrors.IsNotFound(err) {
 		return nil, nil
@@ -332,7 +344,7 @@ func (r *AdaptiveLoadBalancerReconciler) deleteSlices(ctx context.Context, alb *
 			continue
 		}
 		if _, gone, err := r.deleteIfControlled(ctx, alb, set.newest[name]); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, sliceWriteError{name: name, err: err})
 		} else if gone {
 			deleted++
 		}

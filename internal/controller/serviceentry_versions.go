@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
@@ -23,6 +24,10 @@ import (
 // already replaced.
 type ServiceEntryVersions struct {
 	m sync.Map // client.ObjectKey → *rememberedVersion (never mutated once stored)
+	// gone are the objects the operator deleted, by key, their UID: until the informer reports
+	// the deletion, the cache still shows them, and a slice the operator deleted must not be
+	// taken for one that holds its endpoints.
+	gone sync.Map // client.ObjectKey → types.UID
 }
 
 // rememberedVersion is the newest version of one ServiceEntry and the resourceVersions of the
@@ -45,15 +50,62 @@ func (v *ServiceEntryVersions) load(key client.ObjectKey) (*rememberedVersion, b
 	return got.(*rememberedVersion), true
 }
 
-// remember records se as the newest version: read live, or created by the operator.
+// remember records se as the newest version: created by the operator.
 func (v *ServiceEntryVersions) remember(se *networkingv1.ServiceEntry) {
 	v.rememberWrite(se, nil)
+}
+
+// snapshot is what is remembered of key now, for rememberRead.
+func (v *ServiceEntryVersions) snapshot(key client.ObjectKey) any {
+	got, _ := v.m.Load(key)
+	return got
+}
+
+// rememberRead records se, just read from the API server, as the newest version unless what is
+// remembered changed since before (snapshot, taken before the read): the weight cycle may have
+// written a newer version meanwhile, which an older read must not replace.
+func (v *ServiceEntryVersions) rememberRead(se *networkingv1.ServiceEntry, before any) {
+	key := client.ObjectKeyFromObject(se)
+	next := v.next(se, nil)
+	if before == nil {
+		v.m.LoadOrStore(key, next)
+		return
+	}
+	v.m.CompareAndSwap(key, before, next)
+}
+
+// forgetIf forgets key's version if it is still resourceVersion rv: a write based on rv
+// conflicted, and a newer version the other writer remembered since stays.
+func (v *ServiceEntryVersions) forgetIf(key client.ObjectKey, rv string) {
+	if got, ok := v.m.Load(key); ok && got.(*rememberedVersion).se.ResourceVersion == rv {
+		v.m.CompareAndDelete(key, got)
+	}
+}
+
+// forgetDeletedByOperator forgets se, which the operator has just deleted (or found gone), and
+// remembers that it is gone until the informer reports the deletion (forgetDeleted).
+func (v *ServiceEntryVersions) forgetDeletedByOperator(se *networkingv1.ServiceEntry) {
+	key := client.ObjectKeyFromObject(se)
+	v.m.Delete(key)
+	v.gone.Store(key, se.UID)
+}
+
+// deleted reports whether se is an object the operator deleted, which the cache still shows.
+func (v *ServiceEntryVersions) deleted(se client.Object) bool {
+	uid, ok := v.gone.Load(client.ObjectKeyFromObject(se))
+	return ok && uid.(types.UID) == se.GetUID()
 }
 
 // rememberWrite records written, the API server's answer to the operator's write based on base
 // (nil for a create or a read): the versions it superseded, base's and the one remembered
 // before, are the operator's own, so an informer still showing one of them lags (lagging).
 func (v *ServiceEntryVersions) rememberWrite(written, base *networkingv1.ServiceEntry) {
+	v.m.Store(client.ObjectKeyFromObject(written), v.next(written, base))
+}
+
+// next is the entry recording written (superseding base, which may be nil) after what is
+// remembered now.
+func (v *ServiceEntryVersions) next(written, base *networkingv1.ServiceEntry) *rememberedVersion {
 	key := client.ObjectKeyFromObject(written)
 	next := &rememberedVersion{se: written.DeepCopy()}
 	if prev, ok := v.load(key); ok && prev.se.UID == written.UID {
@@ -68,7 +120,7 @@ func (v *ServiceEntryVersions) rememberWrite(written, base *networkingv1.Service
 	if n := len(next.superseded); n > maxSuperseded {
 		next.superseded = slices.Clone(next.superseded[n-maxSuperseded:])
 	}
-	v.m.Store(key, next)
+	return next
 }
 
 // lagging reports whether cached, the informer's version of a ServiceEntry, is one the
@@ -91,6 +143,7 @@ func (v *ServiceEntryVersions) forgetDeleted(deleted client.Object) {
 	if got, ok := v.m.Load(key); ok && got.(*rememberedVersion).se.UID == deleted.GetUID() {
 		v.m.CompareAndDelete(key, got)
 	}
+	v.gone.CompareAndDelete(key, deleted.GetUID())
 }
 
 // newest returns the version to base a write on: the remembered one unless the cache holds a

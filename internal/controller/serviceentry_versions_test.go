@@ -102,3 +102,54 @@ func TestServiceEntryVersions_TellsACacheLaggingBehindOwnWritesFromAForeignEdit(
 		t.Error("forget must drop the history")
 	}
 }
+
+// What the mirror read after a conflict does not replace a newer version the weight cycle wrote
+// meanwhile; the cycle's conflict does not drop a newer version the mirror remembered; and a
+// slice the operator deleted is known as gone until the informer reports the deletion.
+func TestServiceEntryVersions_ConcurrentWritersAndDeletionsKeepTheNewest(t *testing.T) {
+	se := func(uid, rv string) *networkingv1.ServiceEntry {
+		return &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web.2", UID: types.UID(uid), ResourceVersion: rv}}
+	}
+	key := client.ObjectKey{Namespace: "ns", Name: "web.2"}
+	var v ServiceEntryVersions
+	v.remember(se("a", "4"))
+
+	before := v.snapshot(key)
+	v.rememberWrite(se("a", "6"), se("a", "5")) // the cycle's patch lands while the mirror reads 5
+	v.rememberRead(se("a", "5"), before)
+	if got := v.newest(key, nil); got.ResourceVersion != "6" {
+		t.Fatalf("a read older than the cycle's write replaced it: remembered %s, want 6", got.ResourceVersion)
+	}
+	before = v.snapshot(key)
+	v.rememberRead(se("a", "9"), before) // someone else's 9, read with nothing written since
+	if got := v.newest(key, nil); got.ResourceVersion != "9" || !v.lagging(se("a", "6")) {
+		t.Fatalf("the live read must be remembered (got %s) and the operator's 6 count as lag", got.ResourceVersion)
+	}
+	v.forget(key)
+	v.rememberRead(se("a", "10"), nil)
+	if got := v.newest(key, nil); got.ResourceVersion != "10" {
+		t.Fatalf("a read with nothing remembered must be remembered, got %v", got)
+	}
+
+	v.forgetIf(key, "9") // the cycle's patch based on 9 conflicts after the mirror remembered 10
+	if got := v.newest(key, nil); got == nil || got.ResourceVersion != "10" {
+		t.Fatal("the cycle's conflict dropped the mirror's newer version")
+	}
+	v.forgetIf(key, "10")
+	if got := v.newest(key, nil); got != nil {
+		t.Fatal("a conflict on the remembered version must forget it")
+	}
+
+	v.remember(se("a", "11"))
+	v.forgetDeletedByOperator(se("a", "11"))
+	if !v.deleted(se("a", "11")) || v.deleted(se("b", "12")) {
+		t.Fatal("the deleted object, and only it, must be known as gone")
+	}
+	if got := v.newest(key, nil); got != nil {
+		t.Fatal("a deleted object must not stay remembered")
+	}
+	v.forgetDeleted(se("a", "11")) // the informer reports the deletion
+	if v.deleted(se("a", "11")) {
+		t.Fatal("once the informer reports the deletion, nothing more needs remembering")
+	}
+}

@@ -114,8 +114,8 @@ func TestMirror_ServiceEntrySlicesSplitAndChangeOneAtATime(t *testing.T) {
 		return nil
 	})
 	// kubectl get -o wide shows the count: the API server's table for the CRD's columns.
-	if got := f.wideColumn("adaptiveloadbalancers", "sliced", "Slices"); got != float64(3) {
-		t.Errorf("kubectl get -o wide shows Slices %v, want 3", got)
+	if got, priority := f.wideColumn("adaptiveloadbalancers", "sliced", "Slices"); got != float64(3) || priority != 1 {
+		t.Errorf("kubectl get shows Slices %v at priority %d, want 3 at priority 1 (-o wide only)", got, priority)
 	}
 
 	// One endpoint leaves: only its slice is written.
@@ -373,6 +373,7 @@ func TestMirror_AConflictOnASliceIsResolvedWithoutAList(t *testing.T) {
 		t.Fatalf("%d slices, want 3", len(list))
 	}
 	listsBefore, getsBefore := serviceEntryReads(f.ns, "list"), serviceEntryReads(f.ns, "get")
+	getsConcernedBefore := serviceEntryReads(f.ns, "get conflicted.1") + serviceEntryReads(f.ns, "get conflicted.2")
 
 	// Another controller annotates conflicted.1: nothing the mirror writes changes, so the
 	// operator's remembered version of it is now behind the API server's.
@@ -422,9 +423,11 @@ func TestMirror_AConflictOnASliceIsResolvedWithoutAList(t *testing.T) {
 	if lists := serviceEntryReads(f.ns, "list") - listsBefore; lists != 0 {
 		t.Errorf("the operator listed ServiceEntries %d times to resolve the conflicts; want none", lists)
 	}
-	// A get per slice read, a few retries at most.
-	if gets := serviceEntryReads(f.ns, "get") - getsBefore; gets == 0 || gets > 2*maxSliceRetries {
-		t.Errorf("the operator read %d ServiceEntries from the API server; want the slices concerned, at most %d", gets, 2*maxSliceRetries)
+	// Gets of the two slices concerned only, a few retries at most.
+	gets := serviceEntryReads(f.ns, "get") - getsBefore
+	concerned := serviceEntryReads(f.ns, "get conflicted.1") + serviceEntryReads(f.ns, "get conflicted.2") - getsConcernedBefore
+	if gets == 0 || gets != concerned || gets > 2*maxSliceRetries {
+		t.Errorf("the operator read %d ServiceEntries from the API server, %d of them conflicted.1 and conflicted.2; want those two slices only, at most %d reads", gets, concerned, 2*maxSliceRetries)
 	}
 }
 
@@ -499,8 +502,9 @@ func TestWeightCycle_AWeightWriteFailingPartWayIsCompletedByTheNextCycle(t *test
 }
 
 // wideColumn returns the cell of column in the API server's table of one of the suite's
-// resources (what kubectl get -o wide prints), failing when there is no such column.
-func (f *fixture) wideColumn(resource, name, column string) any {
+// resources (what kubectl get -o wide prints) and the column's priority (0: kubectl get
+// prints it; 1: only -o wide), failing when there is no such column.
+func (f *fixture) wideColumn(resource, name, column string) (any, int32) {
 	f.t.Helper()
 	httpClient, err := rest.HTTPClientFor(testConfig)
 	if err != nil {
@@ -523,9 +527,9 @@ func (f *fixture) wideColumn(resource, name, column string) any {
 	}
 	for i, c := range table.ColumnDefinitions {
 		if c.Name == column && len(table.Rows) == 1 && i < len(table.Rows[0].Cells) {
-			return table.Rows[0].Cells[i]
+			return table.Rows[0].Cells[i], c.Priority
 		}
 	}
 	f.t.Fatalf("the table of %s %s has no column %s (columns %v)", resource, name, column, table.ColumnDefinitions)
-	return nil
+	return nil, 0
 }

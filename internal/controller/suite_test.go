@@ -80,7 +80,7 @@ func (c seWriteCounter) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // seReads counts the operator's uncached reads of ServiceEntries in one namespace, by verb
-// ("list" or "get"): namespace → verb → *atomic.Int64. The informers watch every namespace, so
+// ("list", "get", and "get <name>" per object): namespace → verb → *atomic.Int64. The informers watch every namespace, so
 // what a namespace's path counts is the reconcilers' own.
 var seReads sync.Map
 
@@ -93,13 +93,15 @@ func countServiceEntryRead(req *http.Request) {
 		if parts[i] != "namespaces" || parts[i+2] != "serviceentries" {
 			continue
 		}
-		verb := "list"
+		verbs := []string{"list"}
 		if i+3 < len(parts) {
-			verb = "get"
+			verbs = []string{"get", "get " + parts[i+3]}
 		}
 		counters, _ := seReads.LoadOrStore(parts[i+1], &sync.Map{})
-		n, _ := counters.(*sync.Map).LoadOrStore(verb, &atomic.Int64{})
-		n.(*atomic.Int64).Add(1)
+		for _, verb := range verbs {
+			n, _ := counters.(*sync.Map).LoadOrStore(verb, &atomic.Int64{})
+			n.(*atomic.Int64).Add(1)
+		}
 		return
 	}
 }

@@ -98,7 +98,9 @@ func (w *WeightCycle) patchWeights(ctx context.Context, d *dueTarget, se, base *
 	// version wins and the next cycle retries.
 	if err := w.Client.Patch(ctx, se, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
-			w.Versions.forget(key) // someone else wrote since: the next cycle starts from the cache
+			// Someone else wrote since: the next cycle starts from the cache, unless the mirror
+			// has remembered its newer write meanwhile.
+			w.Versions.forgetIf(key, base.ResourceVersion)
 			if yieldToReplan && w.replannedSince(ctx, key, d.replannedAt) {
 				return errSupersededByReplan // the write that won carries the mirror's re-plan
 			}
