@@ -2,14 +2,14 @@ package main
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 // ownCRDPath is adaptive-lb's generated CRD directory.
@@ -18,11 +18,11 @@ var ownCRDPath = filepath.Join("..", "..", "config", "crd", "bases")
 // istioCRDPath is Istio's CRD bundle inside the istio.io/api module pinned by go.mod.
 func istioCRDPath(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
+	path, err := testtools.IstioCRDPath()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml")
+	return path
 }
 
 // startAPIServer starts a real kube-apiserver and etcd with the given CRDs for the test's

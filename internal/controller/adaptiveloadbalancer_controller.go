@@ -333,8 +333,8 @@ const maxSliceRetries = 3
 var errStaleView = errors.New("cached ServiceEntry differs from the remembered one")
 
 // mirrorInto writes the desired ServiceEntry slices; existing (nil: none) is the newest version
-// known of the first, cached the informer's version of it, and live says both were read from
-// the API server (then so are the other slices).
+// known of the first, cached the informer's (or, after a conflict on it, the API server's)
+// version of it, and reads says which slices were read from the API server.
 func (r *AdaptiveLoadBalancerReconciler) mirrorInto(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, svc *corev1.Service, existing, cached *networkingv1.ServiceEntry, reads sliceReads) (mirrorOutcome, error) {
 	if existing != nil && !metav1.IsControlledBy(existing, alb) {
 		if previous, err := r.ofAPreviousIncarnation(ctx, alb, existing); err != nil {

@@ -342,6 +342,14 @@ var errNotYet = fmt.Errorf("not yet")
 // podAt names the pod at each address, as the Service's EndpointSlices do.
 func (f *fixture) writeWeightsAsTheCycle(alb string, byIP map[string]int, podAt map[string]string) {
 	f.t.Helper()
+	if err := f.tryWriteWeightsAsTheCycle(alb, byIP, podAt); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// tryWriteWeightsAsTheCycle is writeWeightsAsTheCycle returning the write's error.
+func (f *fixture) tryWriteWeightsAsTheCycle(alb string, byIP map[string]int, podAt map[string]string) error {
+	f.t.Helper()
 	list := f.serviceEntrySlices(alb)
 	if len(list) == 0 {
 		f.t.Fatalf("no ServiceEntry %s", alb)
@@ -353,9 +361,7 @@ func (f *fixture) writeWeightsAsTheCycle(alb string, byIP map[string]int, podAt 
 	for ip, weight := range byIP {
 		decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})
 	}
-	if err := w.writeWeights(f.ctx, d, decision, false); err != nil {
-		f.t.Fatal(err)
-	}
+	return w.writeWeights(f.ctx, d, decision, false)
 }
 
 // controllerSlices lists the EndpointSlices the EndpointSlice controller wrote for a Service.

@@ -133,7 +133,7 @@ const isolatedStaleTimeout = 10 * time.Second
 func newIsolatedCluster(t *testing.T) *isolatedCluster {
 	t.Helper()
 	requireControllerManager(t)
-	istioCRDs, err := IstioCRDPath()
+	istioCRDs, err := testtools.IstioCRDPath()
 	if err != nil {
 		t.Fatal(err)
 	}

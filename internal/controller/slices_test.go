@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
-	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
 // slicedService creates Service name with n ready pods in one EndpointSlice and its
@@ -445,17 +444,7 @@ func TestWeightCycle_AWeightWriteFailingPartWayIsCompletedByTheNextCycle(t *test
 	for i, ip := range ips {
 		next[ip] = 200 + i%5
 	}
-	cycle := &WeightCycle{Client: operatorClient, Versions: sharedVersions, Metrics: testMetrics}
-	write := func() error {
-		list := f.serviceEntrySlices("partial")
-		se := unionView(list)
-		d := &dueTarget{key: types.NamespacedName{Namespace: f.ns, Name: "partial"}, se: se, slices: list, replannedAt: replannedAt(se), slicePod: podAt}
-		var decision weights.Decision
-		for ip, weight := range next {
-			decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})
-		}
-		return cycle.writeWeights(f.ctx, d, decision, false)
-	}
+	write := func() error { return f.tryWriteWeightsAsTheCycle("partial", next, podAt) }
 	weighted := func(se *networkingv1.ServiceEntry) bool {
 		for _, e := range se.Spec.Endpoints {
 			if int(e.Weight) != next[e.Address] {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -147,15 +146,6 @@ func (d *delayRecorder) stop() []time.Duration {
 	return d.samples
 }
 
-// IstioCRDPath is Istio's CRD bundle inside the istio.io/api module, pinned by go.mod.
-func IstioCRDPath() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
-	if err != nil {
-		return "", fmt.Errorf("locate the istio.io/api module (go list -m istio.io/api): %w", err)
-	}
-	return filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml"), nil
-}
-
 func TestMain(m *testing.M) {
 	os.Exit(runSuite(m))
 }
@@ -174,7 +164,7 @@ func runSuite(m *testing.M) int {
 			return 1
 		}
 	}
-	istioCRDs, err := IstioCRDPath()
+	istioCRDs, err := testtools.IstioCRDPath()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -8,8 +8,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
+	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
 
 // benchGroup holds the ServiceEntry copies whose schema is changed for the comparison.
@@ -153,11 +152,11 @@ func address(i int) string { return fmt.Sprintf("10.1.%d.%d", i/250, i%250+1) }
 // go.mod pins, the same schema in benchGroup with every x-kubernetes-validations rule removed,
 // and a kind in benchGroup without any schema (x-kubernetes-preserve-unknown-fields).
 func serviceEntryCRDs(b *testing.B) (istioCRD, withoutRules, schemaless *apiextensionsv1.CustomResourceDefinition) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
+	path, err := testtools.IstioCRDPath()
 	if err != nil {
 		b.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml"))
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		b.Fatal(err)
 	}
