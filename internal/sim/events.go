@@ -21,6 +21,7 @@ const (
 	evSnapshot                     // once a simulated second: counters for windows and timelines
 	evRestartStep                  // one step of a rolling restart
 	evProbe                        // a Prequal probe comes back to its client
+	evFastCheck                    // the controller's check between cycles
 )
 
 // event is ordered by (t, seq): seq makes ties deterministic in scheduling order. The sequence

@@ -30,6 +30,32 @@ type Result struct {
 	// Recoveries holds, for each speed change of the scenario, how long the p99 took to return
 	// to its level before the change.
 	Recoveries []Recovery `json:"recoveries,omitempty"`
+	// Reliefs counts the writes made by checks between cycles (weights.Relieve).
+	Reliefs int `json:"reliefs,omitempty"`
+	// Reactions holds, for each event that slows a pod group down, when the controller first
+	// wrote a lower weight for one of its pods.
+	Reactions []Reaction `json:"reactions,omitempty"`
+	// Surge is the tail algorithm's surge bound in force and why, as learned from the scenario's
+	// load history (weights.SurgeBound); empty for the other policies.
+	Surge *SurgeBound `json:"surge,omitempty"`
+}
+
+// Reaction is the controller's first answer to a slowdown.
+type Reaction struct {
+	Group string  `json:"group"`
+	AtS   float64 `json:"at_s"`
+	// CutAfterS is the time from the slowdown to the first weight write that lowered the weight
+	// of a pod of the group (the write, not its arrival at the clients); -1 if none did before
+	// the end of the run.
+	CutAfterS float64 `json:"cut_after_s"`
+}
+
+// SurgeBound is the surge bound a run planned with.
+type SurgeBound struct {
+	Factor float64 `json:"factor"`
+	Reason string  `json:"reason"`
+	// MaxRise is the load history's largest rise (weights.LoadHistory.MaxRise); 0 when unknown.
+	MaxRise float64 `json:"max_rise"`
 }
 
 // Recovery measures the reaction to one speed change at AtS. The p99 of the responses received
@@ -151,13 +177,16 @@ type WeightPoint struct {
 	// ModelOverruled says why the write moved toward the capacity split when the tail
 	// algorithm's measurements overruled its model (weights.Decision.ModelOverruled).
 	ModelOverruled string `json:"model_overruled,omitempty"`
+	// Relief says which pods a check between cycles relieved, and on what evidence
+	// (weights.Relieve's reason); empty for a cycle's write.
+	Relief string `json:"relief,omitempty"`
 }
 
 // timelineBucket is the width of one timeline point.
 const timelineBucket = 10
 
 func (s *simulation) result() *Result {
-	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, ModelOverrules: s.modelOverrules, Weights: s.weightLog}
+	r := &Result{Policy: s.policy, WeightWrites: s.weightWrites, ModelOverrules: s.modelOverrules, Weights: s.weightLog, Reliefs: s.reliefs, Reactions: s.reactions(), Surge: s.surge}
 	latency := mergeSketches(s.podLat, s.latencySum)
 	r.Requests = int64(latency.n)
 	r.Latency = latency.percentiles()

@@ -129,7 +129,10 @@ type simulation struct {
 	applySeq     uint32
 	weightWrites int
 	weightLog    []WeightPoint
-	lastApply    float64 // when weights last reached the clients; 0 before the first write
+	// lastApply is when the latest write reaches the clients, or did: a write decided at t
+	// counts from t + apply delay as soon as it is made, as the operator counts its windows from
+	// its last write; 0 before the first write.
+	lastApply float64
 	// modelDistrust is the tail algorithm's distrust of its model, carried from one cycle's
 	// decision to the next as the operator carries it in its planner state and status.
 	modelDistrust  float64
@@ -142,6 +145,20 @@ type simulation struct {
 	snapFrom []int
 	// rateHistory is the Service's rate as each cycle of the last peakRateHorizon observed it.
 	rateHistory []rateObservation
+	// The check between cycles (fastcheck.go): how many writes it made, when it last cut each
+	// pod, the relief behind a pending write, and every write that lowered a weight.
+	reliefs       int
+	relievedAt    map[int32]float64
+	// lastCutAt is when a write that cut a pod's weight for a jump or an overload (a relief, the
+	// cycle's halving) reached the clients; pendingAnswers are the pods a pending write cuts so.
+	lastCutAt      map[int32]float64
+	pendingAnswers map[uint32][]int32
+	pendingRelief map[uint32]string
+	cuts          []weightCut
+	// The load history (history.go) and the tail algorithm's surge bound learned from it.
+	history     weights.LoadHistory
+	surgeFactor float64
+	surge       *SurgeBound
 
 	// Peers' client-side state, per proxy.
 	peak     []peakEWMA
@@ -178,6 +195,10 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		weightOf:         map[int32]int{},
 		pending:          map[uint32]map[int32]int{},
 		pendingWhy:       map[uint32]string{},
+		pendingRelief:    map[uint32]string{},
+		relievedAt:       map[int32]float64{},
+		lastCutAt:        map[int32]float64{},
+		pendingAnswers:   map[uint32][]int32{},
 		// The recoveries cut the latencies by time, which the sketches cannot.
 		keepLatencies: len(speedChanges(sc)) > 0,
 	}
@@ -206,6 +227,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 			return nil, fmt.Errorf("engine settings for %s: %w", policy, err)
 		}
 		s.settings = &st
+		s.learnSurge()
 	}
 	s.balancers = make([][]*balancer, sc.Clients.Proxies)
 	s.proxyDraw, s.workerDraw = newBoundedInt(sc.Clients.Proxies), newBoundedInt(sc.Clients.Workers)
@@ -277,6 +299,7 @@ func (s *simulation) schedule() {
 		s.q.push(t, evSnapshot, 0, 0)
 	}
 	if s.settings != nil {
+		s.scheduleFastChecks()
 		iv := s.sc.Controller.Interval.Seconds()
 		for t := iv; t <= s.end; t += iv {
 			s.q.push(t, evControl, 0, 0)
@@ -367,6 +390,8 @@ func (s *simulation) onRareEvent(ev event) error {
 	switch ev.kind() {
 	case evControl:
 		return s.onControl(ev.t)
+	case evFastCheck:
+		return s.onFastCheck(ev.t)
 	case evApply:
 		s.onApply(ev.t, ev.b)
 	case evPodEvent:
@@ -722,9 +747,11 @@ func (s *simulation) onControl(t float64) error {
 	serviceRate, rateObserved := 0.0, false
 	for _, h := range s.hosts {
 		o := s.observe(s.pods[h], t)
-		cur := s.weightOf[h]
+		cur := s.writtenWeight(h)
 		if len(s.weightOf) == 0 {
-			cur = 1 // unweighted: Envoy sees every endpoint at weight 1
+			// Unweighted: the operator's mirror writes every endpoint at the equal weight, which
+			// Envoy balances exactly as its default of 1.
+			cur = s.settings.EqualWeight()
 		}
 		eps = append(eps, weights.Endpoint{
 			ID:                s.pods[h].name,
@@ -736,6 +763,7 @@ func (s *simulation) onControl(t float64) error {
 			CurrentWeight:     cur,
 			NodeCPUCores:      s.pods[h].cores,
 			LatencyBuckets:    o.buckets,
+			Relieved:          s.relieved(h, t),
 		})
 		ids = append(ids, h)
 		if o.rateUsable {
@@ -755,6 +783,8 @@ func (s *simulation) onControl(t float64) error {
 		RecentPeakRequestRate: s.lastPeak,
 		ProjectedRequestRate:  s.projectedRate(),
 		ModelDistrust:         s.modelDistrust,
+		SurgeFactor:           s.surgeFactor,
+		LoadHistory:           s.history,
 	}
 	if s.opts.seeInput != nil {
 		s.opts.seeInput(t, in)
@@ -775,6 +805,11 @@ func (s *simulation) onControl(t float64) error {
 		next[ids[i]] = r.Weight
 	}
 	s.scheduleApply(t, next)
+	for i, r := range d.Endpoints {
+		if r.Reason == weights.ReasonOverloaded {
+			s.pendingAnswers[s.applySeq] = append(s.pendingAnswers[s.applySeq], ids[i])
+		}
+	}
 	if d.ModelOverruled != "" {
 		s.pendingWhy[s.applySeq] = d.ModelOverruled
 	}
@@ -786,22 +821,33 @@ func (s *simulation) onControl(t float64) error {
 // its end), the TSDB's latency offset, the next cycle and the push. The operator fills
 // weights.Input.ProjectedRequestRate the same way from its rate history.
 func (s *simulation) projectedRate() float64 {
-	c := s.sc.Controller
 	h := s.rateHistory[max(0, len(s.rateHistory)-trendWindows):]
 	samples := make([]weights.RateSample, len(h))
 	for i, o := range h {
 		samples[i] = weights.RateSample{EndSeconds: o.at, Rate: o.rate}
 	}
-	horizon := c.Window.Seconds()/2 + c.Metrics.LatencyOffset.Seconds() + c.Interval.Seconds() + c.ApplyDelay.Seconds()
-	return weights.ProjectRequestRate(samples, horizon)
+	return weights.ProjectRequestRate(samples, s.reactionSeconds())
 }
 
 // trendWindows is how many cycles' observations the rate trend is fitted over.
 const trendWindows = 3
 
+// writtenWeight is the weight of pod h in the controller's latest write, which may not have
+// reached the clients yet: what the operator reads back from the ServiceEntry it wrote.
+func (s *simulation) writtenWeight(h int32) int {
+	if next, ok := s.pending[s.applySeq]; ok {
+		if w, ok := next[h]; ok {
+			return w
+		}
+	}
+	return s.weightOf[h]
+}
+
 // scheduleApply counts a weight write decided at t and has it reach the clients after the apply
 // delay, as the operator's ServiceEntry write reaches them through istiod.
 func (s *simulation) scheduleApply(t float64, next map[int32]int) {
+	s.noteCuts(t, next)
+	s.lastApply = t + s.sc.Controller.ApplyDelay.Seconds()
 	s.applySeq++
 	s.pending[s.applySeq] = next
 	s.weightWrites++
@@ -838,9 +884,9 @@ func (s *simulation) replan(t float64) {
 		}
 		eps = append(eps, ep)
 		ids = append(ids, h)
-		current = append(current, s.weightOf[h])
+		current = append(current, s.writtenWeight(h))
 	}
-	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak, ModelDistrust: s.modelDistrust, Replan: true}, *s.settings)
+	d, err := weights.Compute(weights.Input{Endpoints: eps, WindowCoverage: 1, WindowSeconds: s.sc.Controller.Window.Seconds(), RecentPeakRequestRate: s.lastPeak, ModelDistrust: s.modelDistrust, Replan: true, SurgeFactor: s.surgeFactor, LoadHistory: s.history}, *s.settings)
 	if err != nil || !d.Changed {
 		// An error leaves the weights as they are (the last cycle's input was accepted). An
 		// unchanged decision returns the basis, the weights of the last cycle's window: writing
@@ -866,6 +912,8 @@ func (s *simulation) onApply(t float64, seq uint32) {
 	delete(s.pending, seq)
 	why := s.pendingWhy[seq]
 	delete(s.pendingWhy, seq)
+	relief := s.pendingRelief[seq]
+	delete(s.pendingRelief, seq)
 	applied := make(map[int32]int, len(s.hosts))
 	for _, h := range s.hosts {
 		if w, ok := next[h]; ok {
@@ -874,7 +922,10 @@ func (s *simulation) onApply(t float64, seq uint32) {
 	}
 	previous := s.weightOf
 	s.weightOf = applied
-	s.lastApply = t
+	for _, h := range s.pendingAnswers[seq] {
+		s.lastCutAt[h] = t
+	}
+	delete(s.pendingAnswers, seq)
 	// Pods that joined after the decision keep the weight the mirror gave them.
 	for _, h := range s.hosts {
 		if _, ok := s.weightOf[h]; !ok {
@@ -886,6 +937,7 @@ func (s *simulation) onApply(t float64, seq uint32) {
 		}
 	}
 	s.logWeights(t, why)
+	s.weightLog[len(s.weightLog)-1].Relief = relief
 	s.refreshBalancers()
 }
 

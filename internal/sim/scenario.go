@@ -37,7 +37,21 @@ type Load struct {
 	RPS     float64 `json:"rps"`
 	Arrival string  `json:"arrival"` // poisson | constant
 	Phases  []Phase `json:"phases,omitempty"`
+	// History is what the TSDB holds of the Service's load before the run, which the controller
+	// learns its caution from (docs/simulator.md, "History"): HistorySame (the default: the past
+	// days had this run's load shape), HistorySteady (the load never rose: the run's first rate
+	// throughout) or HistoryNone (a new Service: no history).
+	History string `json:"history,omitempty"`
 }
+
+// Load histories.
+const (
+	HistorySame   = "same"
+	HistorySteady = "steady"
+	HistoryNone   = "none"
+)
+
+var histories = []string{HistorySame, HistorySteady, HistoryNone}
 
 // Phase changes the offered rate at a simulated time.
 type Phase struct {
@@ -62,6 +76,15 @@ type Controller struct {
 	Interval   Duration `json:"interval"`
 	Window     Duration `json:"window"`
 	ApplyDelay Duration `json:"apply_delay"`
+	// FastCheckInterval is how often, between two cycles, the controller reads each pod's newest
+	// signals over FastCheckWindow and relieves a pod whose latency or CPU has jumped (the
+	// operator's --fast-check-interval). Default: the scrape interval, when the controller reads
+	// the newest data (query_latency_offset below the scrape interval), else off; 0s turns it off.
+	// Only adaptive-lb's own algorithms (capacity, tail) check between cycles.
+	FastCheckInterval *Duration `json:"fast_check_interval,omitempty"`
+	// FastCheckWindow is the window of the check's rates: default twice the scrape interval, the
+	// shortest that holds two samples on every TSDB.
+	FastCheckWindow Duration `json:"fast_check_window,omitempty"`
 	// Metrics is the TSDB between the pods and the controller: how often it samples the pods'
 	// counters and how far in the past it answers. The defaults are a stock install's.
 	Metrics Metrics `json:"metrics"`
@@ -78,25 +101,45 @@ type Metrics struct {
 	// (VictoriaMetrics -search.latencyOffset). Default DefaultLatencyOffset; 0s for Prometheus,
 	// Thanos or Mimir.
 	LatencyOffset *Duration `json:"latency_offset,omitempty"`
-	// IngestionDelay is how long a scraped sample takes to become visible to queries. It only
-	// matters when it exceeds the latency offset. Default 0.
-	IngestionDelay Duration `json:"ingestion_delay"`
+	// QueryLatencyOffset is the offset adaptive-lb's queries ask for instead (VictoriaMetrics'
+	// latency_offset query argument, the operator's --tsdb-latency-offset). Default 0s: the
+	// newest data. The published operator's rules (cpu-distance, cpu-share) do not ask and read
+	// at LatencyOffset.
+	QueryLatencyOffset *Duration `json:"query_latency_offset,omitempty"`
+	// IngestionDelay is how long a scraped sample takes to become visible to queries: the
+	// scraper's remote-write flush and the TSDB's in-memory buffer. It matters only when it
+	// exceeds the offset a query is evaluated at. Default DefaultIngestionDelay.
+	IngestionDelay *Duration `json:"ingestion_delay,omitempty"`
 }
 
 // Defaults of the metrics lag: a stock install. Istio's sample Prometheus configuration
 // (samples/addons/prometheus.yaml) scrapes the sidecars (job kubernetes-pods) and cAdvisor
 // (kubernetes-nodes-cadvisor) every 15 s, the interval docs/metrics.md assumes; VictoriaMetrics
 // answers a query for now as of 30 s ago (-search.latencyOffset=30s).
+//
+// A scraped sample becomes visible to queries about DefaultIngestionDelay later: vmagent and
+// Prometheus' remote write flush every second (vmagent -remoteWrite.flushInterval=1s), and
+// VictoriaMetrics makes ingested samples searchable within about a second.
 const (
 	DefaultScrapeInterval = 15 * time.Second
 	DefaultLatencyOffset  = 30 * time.Second
+	DefaultIngestionDelay = 2 * time.Second
 )
 
 // NoMetricsLag is the metrics setting of an ideal TSDB: every counter sampled every second, and
 // queries answered for the instant asked. It is how the simulator read metrics before it modelled
 // the lag, and what `--no-metrics-lag` sets for comparisons.
 func NoMetricsLag() Metrics {
-	return Metrics{ScrapeInterval: Duration{time.Second}, LatencyOffset: &Duration{0}}
+	return Metrics{ScrapeInterval: Duration{time.Second}, LatencyOffset: &Duration{0}, QueryLatencyOffset: &Duration{0}, IngestionDelay: &Duration{0}}
+}
+
+// OffsetFor is the offset a policy's queries are evaluated at: adaptive-lb's own algorithms ask
+// for QueryLatencyOffset, the published operator's rules read at the TSDB's LatencyOffset.
+func (m Metrics) OffsetFor(policy string) time.Duration {
+	if policy == PolicyCPUDistance || policy == PolicyCPUShare {
+		return m.LatencyOffset.Duration
+	}
+	return m.QueryLatencyOffset.Duration
 }
 
 // PodGroup is a set of identical pods.
@@ -274,6 +317,27 @@ func (s *Scenario) applyDefaults() {
 	if s.Controller.Metrics.LatencyOffset == nil {
 		s.Controller.Metrics.LatencyOffset = &Duration{DefaultLatencyOffset}
 	}
+	if s.Controller.Metrics.QueryLatencyOffset == nil {
+		s.Controller.Metrics.QueryLatencyOffset = &Duration{0}
+	}
+	if s.Controller.Metrics.IngestionDelay == nil {
+		s.Controller.Metrics.IngestionDelay = &Duration{DefaultIngestionDelay}
+	}
+	if s.Controller.FastCheckWindow.Duration == 0 {
+		s.Controller.FastCheckWindow.Duration = 2 * s.Controller.Metrics.ScrapeInterval.Duration
+	}
+	if s.Controller.FastCheckInterval == nil {
+		// Checking more often than the TSDB gets new samples reads the same data again; checking
+		// data half a minute old would relieve a pod after the damage.
+		iv := time.Duration(0)
+		if s.Controller.Metrics.QueryLatencyOffset.Duration < s.Controller.Metrics.ScrapeInterval.Duration {
+			iv = s.Controller.Metrics.ScrapeInterval.Duration
+		}
+		s.Controller.FastCheckInterval = &Duration{iv}
+	}
+	if s.Load.History == "" {
+		s.Load.History = HistorySame
+	}
 	for i := range s.Pods {
 		p := &s.Pods[i]
 		if p.Workers == 0 {
@@ -319,6 +383,9 @@ func (s *Scenario) validate() error {
 	if !oneOf(s.Load.Arrival, arrivals) {
 		return bad("load.arrival", "%q is unknown; allowed: %s", s.Load.Arrival, strings.Join(arrivals, ", "))
 	}
+	if !oneOf(s.Load.History, histories) {
+		return bad("load.history", "%q is unknown; allowed: %s (the past days had this run's load shape, its load never rose, or the Service is new)", s.Load.History, strings.Join(histories, ", "))
+	}
 	for i, ph := range s.Load.Phases {
 		if ph.RPS <= 0 {
 			return bad(fmt.Sprintf("load.phases[%d].rps", i), "%v must be a positive request rate", ph.RPS)
@@ -361,6 +428,12 @@ func (s *Scenario) validate() error {
 	}
 	if err := ct.Metrics.validate(ct.Window.Duration); err != nil {
 		return err
+	}
+	if fc := ct.FastCheckInterval.Duration; fc < 0 || (fc > 0 && (fc < time.Second || fc%time.Second != 0 || fc >= ct.Interval.Duration)) {
+		return bad("controller.fast_check_interval", "%v must be 0s (off) or a whole number of seconds from 1s to below the interval %v", fc, ct.Interval.Duration)
+	}
+	if fw := ct.FastCheckWindow.Duration; fw < ct.Metrics.ScrapeInterval.Duration || fw%time.Second != 0 || fw > ct.Window.Duration {
+		return bad("controller.fast_check_window", "%v must be a whole number of seconds from the scrape interval %v to the window %v", fw, ct.Metrics.ScrapeInterval.Duration, ct.Window.Duration)
 	}
 	if len(s.Pods) == 0 {
 		return bad("pods", "at least one pod group is required")
@@ -440,7 +513,8 @@ func (s *Scenario) validate() error {
 
 // Lagless reports whether m reads metrics without lag, as NoMetricsLag does.
 func (m Metrics) Lagless() bool {
-	return m.ScrapeInterval.Duration == time.Second && (m.LatencyOffset == nil || m.LatencyOffset.Duration == 0) && m.IngestionDelay.Duration == 0
+	zero := func(d *Duration) bool { return d == nil || d.Duration == 0 }
+	return m.ScrapeInterval.Duration == time.Second && zero(m.LatencyOffset) && zero(m.QueryLatencyOffset) && zero(m.IngestionDelay)
 }
 
 // validate checks the metrics lag against the controller window.
@@ -453,6 +527,9 @@ func (m Metrics) validate(window time.Duration) error {
 	}
 	if lo := m.LatencyOffset.Duration; lo < 0 {
 		return bad("latency_offset", "%v must be at least 0 (0s: the TSDB answers for the instant asked, as Prometheus does; a stock VictoriaMetrics answers %v in the past)", lo, DefaultLatencyOffset)
+	}
+	if lo := m.QueryLatencyOffset.Duration; lo < 0 {
+		return bad("query_latency_offset", "%v must be at least 0 (0s: the newest data, what adaptive-lb asks for by default)", lo)
 	}
 	if d := m.IngestionDelay.Duration; d < 0 {
 		return bad("ingestion_delay", "%v must be at least 0", d)

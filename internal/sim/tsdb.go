@@ -115,13 +115,32 @@ type tsdbObservation struct {
 	hasMetrics bool
 }
 
-// observe is what the operator's queries sent at t return for pod p.
+// observe is what the operator's cycle queries sent at t return for pod p.
 func (s *simulation) observe(p *pod, t float64) tsdbObservation {
+	return s.observeOver(p, t, s.sc.Controller.Window.Seconds(), maxMetricsAgeIntervals*s.sc.Controller.Interval.Seconds())
+}
+
+// observeShort is what the fast check's queries sent at t return for pod p: its rates over the
+// short window, judged fresh when the newest sample is at most two scrape intervals old.
+func (s *simulation) observeShort(p *pod, t float64) tsdbObservation {
+	return s.observeOver(p, t, s.sc.Controller.FastCheckWindow.Seconds(), maxShortAgeScrapes*s.sc.Controller.Metrics.ScrapeInterval.Seconds())
+}
+
+// maxShortAgeScrapes is the fast check's freshness limit, in scrape intervals.
+const maxShortAgeScrapes = 2
+
+// evalAt is the time the TSDB evaluates a query sent at t, and visibleTo the newest scrape it
+// holds then: the policy's queries ask for an offset, and a sample needs the ingestion delay to
+// become searchable.
+func (s *simulation) evalAt(t float64) (evalAt, visibleTo float64) {
 	m := s.sc.Controller.Metrics
-	window := s.sc.Controller.Window.Seconds()
-	evalAt := t - m.LatencyOffset.Seconds()
-	visibleTo := t - m.IngestionDelay.Seconds()
-	maxAge := maxMetricsAgeIntervals * s.sc.Controller.Interval.Seconds()
+	return t - m.OffsetFor(s.policy).Seconds(), t - m.IngestionDelay.Seconds()
+}
+
+// observeOver is what a query sent at t over window returns for pod p; maxAge is the freshness
+// limit of its newest sample.
+func (s *simulation) observeOver(p *pod, t, window, maxAge float64) tsdbObservation {
+	evalAt, visibleTo := s.evalAt(t)
 	fresh := func(sp sampleSpan) bool { return sp.ok && t-float64(sp.newest) <= maxAge }
 
 	var o tsdbObservation
@@ -158,12 +177,19 @@ func (s *simulation) servedAt(id int32, t int) uint64 { return s.snapServed[id][
 // observation that reflects them. The engine takes 0 to mean unknown and treats it as 1, so a
 // window wholly before the write is passed as the smallest positive fraction instead.
 func (s *simulation) windowCoverage(t float64) float64 {
+	return s.coverageOver(t, s.sc.Controller.Window.Seconds())
+}
+
+// coverageOver is windowCoverage for a window of the given length. The window ends at the newest
+// data the TSDB holds for the query, as the operator's dataEnd does: the evaluation time, or the
+// newest searchable scrape when that is earlier.
+func (s *simulation) coverageOver(t, window float64) float64 {
 	if s.lastApply == 0 {
 		return 1
 	}
-	window := s.sc.Controller.Window.Seconds()
-	evalAt := t - s.sc.Controller.Metrics.LatencyOffset.Seconds()
-	return math.Max(minCoverage, math.Min(1, (evalAt-s.lastApply)/window))
+	evalAt, visibleTo := s.evalAt(t)
+	end := math.Min(evalAt, visibleTo)
+	return math.Max(minCoverage, math.Min(1, (end-s.lastApply)/window))
 }
 
 // minCoverage stands for "nothing of the window was observed under the current weights".

@@ -205,7 +205,10 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			share, shareReason = ts, ReasonTail
 			predictQuantile = predict
 		} else {
-			share = targetShares(capacity, ok, planningLoad(in, totalRate, s))
+			// The square-root split for the load the surge bound must carry: at or beyond the
+			// fleet's capacity it is the split proportional to capacity, which loads every pod
+			// alike whatever the load does.
+			share = targetShares(capacity, ok, surgeFactor(in, s)*planningLoad(in, totalRate, s))
 		}
 		// Shares observed while the load swings mix what Envoy does at two loads; feedback on
 		// them would tune the weights for a load that is already gone.
@@ -226,6 +229,11 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 	}
 
 	overloaded := overloadedEndpoints(endpoints, ok, p.OverloadLatencyRatio)
+	for i, ep := range endpoints {
+		// A relief between cycles answered this pod's overload with fresher data; the window
+		// still shows the queue it had before.
+		overloaded[i] = overloaded[i] && !ep.Relieved
+	}
 	if !firstStep && !in.Replan && overruled == "" && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled, ModelDistrust: distrust}
 		for i, ep := range endpoints {
@@ -308,6 +316,10 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 			target[i] = math.Exp(logTarget[i] + shift)
 			if !fromShares {
 				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, p.MaxStepRatio, &reasons[i])
+				if endpoints[i].Relieved {
+					// Cut fast, restore slowly: a relieved pod earns its share back a step per cycle.
+					target[i] = math.Min(target[i], float64(endpoints[i].CurrentWeight)*math.Min(p.MaxStepRatio, reliefRestoreStep))
+				}
 				if cut := float64(endpoints[i].CurrentWeight) / 2; overloaded[i] && target[i] > cut {
 					target[i], reasons[i] = cut, ReasonOverloaded
 				}

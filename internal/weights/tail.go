@@ -1,8 +1,11 @@
 package weights
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"sort"
+	"strconv"
 )
 
 // podGroup is a set of endpoints alike enough to share one latency model: the same CPU limit and
@@ -43,6 +46,7 @@ const maxGroups = 8
 // gain with it.
 func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate float64, s Settings) (groups []*podGroup, shares []float64, predict func([]float64) float64, found bool) {
 	p := s.Tail
+	p.SurgeFactor = surgeFactor(in, s)
 	groups = groupEndpoints(in.Endpoints, ok, limit)
 	if len(groups) == 0 || totalRate <= 0 {
 		return groups, nil, nil, false
@@ -60,7 +64,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	// than the proportional split on every scenario of the suite it changed (seed-fib 34.1
 	// against 36.1 ms, noisy-neighbour 188.5 against 209.5, bursty 123.8 against 128.5,
 	// slow-outlier 49.9 against 55.1, step-up-three-classes 164.5 against 176.5).
-	if p.SurgeFactor > 1 && p.SurgeFactor*load >= fleetCapacity {
+	if p.SurgeFactor > 1 && p.SurgeFactor*load >= surgeUtilization()*fleetCapacity {
 		return groups, nil, nil, false
 	}
 	// The utilization cap gives way when the whole fleet is planned above it.
@@ -96,6 +100,16 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	budget := 1 - p.Quantile // the mass allowed above the quantile
 	search := newSplitSearch(groups, lo, hi, load, budget)
 	split, tHi, found := search.search(capacitySplit)
+	if os.Getenv("ALB_DEBUG") != "" {
+		for _, ep := range in.Endpoints {
+			if ep.RequestRate > 0 && ep.CPUCores/ep.RequestRate < 0.005 {
+				fmt.Fprintf(os.Stderr, "DEBUG odd %s cpu=%.3f rps=%.1f p99=%.3f w=%d replan=%v\n", ep.ID, ep.CPUCores, ep.RequestRate, ep.LatencyP99Seconds, ep.CurrentWeight, in.Replan)
+			}
+		}
+		for gi, g := range groups {
+			fmt.Fprintf(os.Stderr, "DEBUG load=%.0f total=%.0f g%d n=%d cost=%.4f cap=%.1f scale=%.2f lo=%.3f hi=%.3f capsplit=%.3f opt=%.3f util=%.2f\n", load, totalRate, gi, len(g.members), g.cost, g.capacity, g.loadScale, lo[gi], hi[gi], capacitySplit[gi], split[gi], split[gi]*load/(g.capacity*float64(len(g.members))))
+		}
+	}
 	if !found {
 		return groups, nil, nil, false
 	}
@@ -153,6 +167,15 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	return groups, shares, predict, true
 }
 
+// surgeFactor is the surge bound in force: the input's (learned from the Service's history, or the
+// user's), else the settings'.
+func surgeFactor(in Input, s Settings) float64 {
+	if in.SurgeFactor >= 1 {
+		return in.SurgeFactor
+	}
+	return s.Tail.SurgeFactor
+}
+
 // shareRatioCeiling is the most a group's share may exceed its share of the fleet's capacity,
 // for a fleet planned at utilization u: MaxShareRatio, or less so that a surge of the load to
 // SurgeFactor times the planning load (up to the whole fleet's capacity) would load no group
@@ -163,7 +186,14 @@ func shareRatioCeiling(p TailParams, u float64) float64 {
 	if p.SurgeFactor <= 1 || !(u > 0) {
 		return p.MaxShareRatio
 	}
-	return math.Max(1, math.Min(p.MaxShareRatio, 1/math.Min(1, p.SurgeFactor*u)))
+	return math.Max(1, math.Min(p.MaxShareRatio, surgeUtilization()/math.Min(surgeUtilization(), p.SurgeFactor*u)))
+}
+
+func surgeUtilization() float64 {
+	if v, err := strconv.ParseFloat(os.Getenv("ALB_SURGEU"), 64); err == nil {
+		return v
+	}
+	return 1
 }
 
 // explorationStep is how far beyond the utilization it has been measured at a group may be
@@ -229,7 +259,7 @@ func planningLoad(in Input, totalRate float64, s Settings) float64 {
 	if in.RecentPeakRequestRate <= 0 {
 		// Nothing is known about how the load varies: plan with the margin the capacity
 		// algorithm keeps for bursts between two cycles.
-		return math.Max(totalRate, projected) * math.Max(s.Tail.BurstMargin, unknownPeakMargin)
+		return math.Max(totalRate, projected) * firstPlanMargin(s.Tail, in.LoadHistory)
 	}
 	return math.Max(math.Max(totalRate, in.RecentPeakRequestRate), projected) * s.Tail.BurstMargin
 }

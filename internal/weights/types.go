@@ -56,6 +56,11 @@ type Endpoint struct {
 	// UpperBoundSeconds. The +Inf bucket may be included. Empty when unknown; the tail algorithm
 	// then uses its default request-size variability.
 	LatencyBuckets []LatencyBucket
+	// Relieved marks an endpoint whose weight a relief between cycles (Relieve) cut recently, as
+	// the caller counts it (the operator and the simulator: within restoreAfterRelief of the cut).
+	// The cycle raises its weight by at most reliefRestoreStep per cycle, and does not halve it
+	// again for an overload in a window the relief already answered.
+	Relieved bool
 }
 
 // LatencyBucket is one cumulative histogram bucket.
@@ -103,6 +108,13 @@ type Input struct {
 	// rising load does not leave the fast pods planned for a load already passed. 0 means
 	// unknown.
 	ProjectedRequestRate float64
+	// SurgeFactor is the tail algorithm's surge bound for this Service: SurgeBound of its load
+	// history, or the user's setting. 0 means Settings.Tail.SurgeFactor.
+	SurgeFactor float64
+	// LoadHistory is what the Service's past load says about how fast it rises (LearnLoadHistory);
+	// the zero value is unknown. The tail algorithm plans its first split, while the recent peak
+	// is unknown, with a margin from it.
+	LoadHistory LoadHistory
 }
 
 // Result is the engine's decision for one endpoint.

@@ -1,0 +1,208 @@
+package weights
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// This file is the check between two cycles. A cycle plans from a window of a minute; a pod that
+// slows down (a neighbour takes its cores) or that a surge of load overloads queues from the first
+// second on. Between cycles the caller reads every pod's newest signals over a short window (two
+// scrapes) and Relieve cuts the weight of each pod whose latency or CPU has jumped since the last
+// cycle, at once. It only ever cuts: raising a weight waits for a cycle and its whole window, and
+// the cycle raises a relieved pod's weight slowly (Endpoint.Relieved), as the Horizontal Pod
+// Autoscaler scales up fast and down slowly, the other way round. When the measurement and the
+// plan disagree, the loop corrects toward the safe split at once and restores the plan with care.
+
+// Reasons of a relief.
+const (
+	ReasonRelievedLatency = "latency jumped since the last cycle: weight cut at once"
+	ReasonRelievedCPU     = "CPU jumped to its limit since the last cycle: weight cut at once"
+	ReasonReliefSafeSplit = "moved to the capacity split while a pod is relieved"
+)
+
+// Relief thresholds. A pod is judged only when it runs at least reliefExcess above the fleet's
+// utilization. Its CPU has jumped when it runs at hotUtilization of its limit or more and its
+// utilization rose by reliefCPUJump more than the fleet's since the last cycle; its latency has
+// jumped when its p99, in units of its own cost per request, exceeds OverloadLatencyRatio times
+// the median pod's and reliefLatencyJump times its own p99 of the last cycle. Both compare the
+// pod with itself and with the fleet, so a pod the plan runs hot, one slow by nature, or a load
+// that rose for every pod is not cut for being what it was.
+const (
+	reliefExcess      = 0.1
+	reliefCPUJump     = 0.1
+	reliefLatencyJump = 3
+	// A relief multiplies a weight by at most reliefFactorMax and at least reliefFactorMin: it
+	// at least halves the pod's share, and never takes more than 15/16 of it on a short window's
+	// estimate.
+	reliefFactorMax = 0.5
+	reliefFactorMin = 1.0 / 16
+	// reliefRestoreStep is the most a cycle raises a relieved endpoint's weight by.
+	reliefRestoreStep = 1.5
+)
+
+// ReliefInput is one Service between two cycles.
+type ReliefInput struct {
+	// Endpoints are the endpoints' signals over the short window, ending at the newest data the
+	// TSDB holds, with the weights in force in CurrentWeight.
+	Endpoints []Endpoint
+	// Baseline is what the last cycle observed of each endpoint, by ID. An endpoint without a
+	// baseline is not judged: a jump needs a before.
+	Baseline map[string]Endpoint
+	// Answered marks, by ID, the endpoints whose weight a write lowered after the short window's
+	// middle: the window still shows the jump that write answered, so they are not judged again.
+	Answered map[string]bool
+}
+
+// Relieve cuts the weight of every endpoint whose latency or CPU has jumped since the last cycle,
+// to the share that brings it back to the fleet's mean utilization at its newest capacity, and
+// at least by half. Every other weight stays. The decision is Changed when some weight was cut;
+// its Reason names the pods and the evidence. With the capacity and tail algorithms only.
+func Relieve(in ReliefInput, s Settings) (Decision, error) {
+	if err := s.Validate(); err != nil {
+		return Decision{}, fmt.Errorf("invalid weight settings: %w", err)
+	}
+	eps := in.Endpoints
+	d := Decision{Endpoints: make([]Result, len(eps)), Reason: "no endpoint's latency or CPU jumped"}
+	for i, ep := range eps {
+		d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight}
+	}
+	if s.Algorithm != AlgorithmCapacity && s.Algorithm != AlgorithmTail {
+		return d, nil
+	}
+	ok := make([]bool, len(eps))
+	var limits []float64
+	for i, ep := range eps {
+		base, known := in.Baseline[ep.ID]
+		good, _ := usable(ep, s.Capacity.MinRequestRate)
+		baseGood, _ := usable(base, s.Capacity.MinRequestRate)
+		ok[i] = good && known && baseGood && ep.CurrentWeight > 0
+		if ok[i] && ep.CPULimitCores > 0 {
+			limits = append(limits, ep.CPULimitCores)
+		}
+	}
+	if countTrue(ok) < 2 {
+		return d, nil
+	}
+	fallbackLimit := 1.0
+	if len(limits) > 0 {
+		fallbackLimit = median(limits)
+	}
+	limit := func(ep Endpoint) float64 {
+		if ep.CPULimitCores > 0 {
+			return ep.CPULimitCores
+		}
+		return fallbackLimit
+	}
+	// The median stretch (p99 over cost per request) says how slow a pod of this Service is
+	// when nothing is wrong with it.
+	var stretches []float64
+	for i, ep := range eps {
+		if ok[i] && ep.LatencyP99Seconds > 0 && finite(ep.LatencyP99Seconds) {
+			stretches = append(stretches, ep.LatencyP99Seconds/(ep.CPUCores/ep.RequestRate))
+		}
+	}
+	medianStretch := 0.0
+	if len(stretches) >= 3 {
+		medianStretch = median(stretches)
+	}
+	// The fleet's utilization, now and at the last cycle: a pod is relieved for what sets it
+	// apart from the others, not for a load that rose for all (that is the cycle's to plan for).
+	var cpu, lim, baseCPU, baseLim, total, baseTotal float64
+	for i, ep := range eps {
+		if !ok[i] {
+			continue
+		}
+		base := in.Baseline[ep.ID]
+		cpu += ep.CPUCores
+		lim += limit(ep)
+		baseCPU += base.CPUCores
+		baseLim += limit(base)
+		total += ep.RequestRate
+		baseTotal += base.RequestRate
+	}
+	fleet, fleetBase := cpu/lim, baseCPU/baseLim
+	if fleet >= hotUtilization || baseTotal <= 0 {
+		return d, nil // the whole fleet is at its limit: no split relieves it
+	}
+	jumped := make([]string, len(eps))
+	for i, ep := range eps {
+		if !ok[i] || in.Answered[ep.ID] {
+			continue
+		}
+		base := in.Baseline[ep.ID]
+		u, uBase := ep.CPUCores/limit(ep), base.CPUCores/limit(base)
+		// Busier than the fleet: a pod the fleet's load keeps below its peers' utilization
+		// has no queue that a cut would drain.
+		if u < fleet+reliefExcess {
+			continue
+		}
+		switch {
+		case medianStretch > 0 && s.Capacity.OverloadLatencyRatio > 0 && ep.LatencyP99Seconds > 0 &&
+			ep.LatencyP99Seconds/(ep.CPUCores/ep.RequestRate) > s.Capacity.OverloadLatencyRatio*medianStretch &&
+			(base.LatencyP99Seconds <= 0 || ep.LatencyP99Seconds >= reliefLatencyJump*base.LatencyP99Seconds):
+			jumped[i] = fmt.Sprintf("%s: p99 %s, was %s", ep.ID, formatSeconds(ep.LatencyP99Seconds), formatSeconds(base.LatencyP99Seconds))
+			d.Endpoints[i].Reason = ReasonRelievedLatency
+		case u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
+			jumped[i] = fmt.Sprintf("%s: CPU %.0f%% of its limit, was %.0f%%, the fleet at %.0f%%", ep.ID, 100*u, 100*uBase, 100*fleet)
+			d.Endpoints[i].Reason = ReasonRelievedCPU
+		}
+	}
+	var evidence []string
+	for i := range eps {
+		if jumped[i] != "" {
+			evidence = append(evidence, jumped[i])
+		}
+	}
+	if len(evidence) == 0 {
+		return d, nil
+	}
+	// Toward the safe split, for every pod at once: the capacity algorithm's, on each pod's
+	// newest capacity, which needs no latency model and loads no pod beyond the others. Cutting
+	// the jumped pods alone would hand their load to the weights in force, which may lean on
+	// the very pods that take it worst (a fast pod's peers, when one of them died).
+	capacity := make([]float64, len(eps))
+	var weightSum float64
+	for i, ep := range eps {
+		if ok[i] {
+			capacity[i] = limit(ep) * ep.RequestRate / ep.CPUCores
+			weightSum += float64(ep.CurrentWeight)
+		}
+	}
+	safe := targetShares(capacity, ok, DefaultSettings(AlgorithmCapacity).Capacity.PlanningLoadFactor*total)
+	next := make([]float64, len(eps))
+	hi := 0.0
+	for i, ep := range eps {
+		cur := float64(ep.CurrentWeight)
+		next[i] = cur
+		if ok[i] {
+			next[i] = safe[i] * weightSum
+			if jumped[i] != "" {
+				// At least halved, at most cut to a sixteenth, on a short window's estimate.
+				next[i] = clamp(next[i], cur*reliefFactorMin, cur*reliefFactorMax)
+			}
+		}
+		hi = math.Max(hi, next[i])
+	}
+	scale := 1.0
+	if hi > float64(s.MaxWeight) {
+		scale = float64(s.MaxWeight) / hi
+	}
+	floor := math.Max(float64(s.MinWeight), hi*scale/s.Capacity.MaxWeightRatio)
+	for i, ep := range eps {
+		w := int(math.Round(math.Max(floor, next[i]*scale)))
+		if !ok[i] || w == ep.CurrentWeight {
+			continue
+		}
+		d.Endpoints[i].Weight = w
+		if jumped[i] == "" {
+			d.Endpoints[i].Reason = ReasonReliefSafeSplit
+		}
+		d.Changed = true
+	}
+	if d.Changed {
+		d.Reason = "relieved at once, between cycles, toward the capacity split (" + strings.Join(evidence, "; ") + ")"
+	}
+	return d, nil
+}
