@@ -147,14 +147,14 @@ type simulation struct {
 	rateHistory []rateObservation
 	// The check between cycles (fastcheck.go): how many writes it made, when it last cut each
 	// pod, the relief behind a pending write, and every write that lowered a weight.
-	reliefs       int
-	relievedAt    map[int32]float64
+	reliefs    int
+	relievedAt map[int32]float64
 	// lastCutAt is when a write that cut a pod's weight for a jump or an overload (a relief, the
 	// cycle's halving) reached the clients; pendingAnswers are the pods a pending write cuts so.
 	lastCutAt      map[int32]float64
 	pendingAnswers map[uint32][]int32
-	pendingRelief map[uint32]string
-	cuts          []weightCut
+	pendingRelief  map[uint32]string
+	cuts           []weightCut
 	// The load history (history.go) and the tail algorithm's surge bound learned from it.
 	history     weights.LoadHistory
 	surgeFactor float64

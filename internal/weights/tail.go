@@ -1,11 +1,8 @@
 package weights
 
 import (
-	"fmt"
 	"math"
-	"os"
 	"sort"
-	"strconv"
 )
 
 // podGroup is a set of endpoints alike enough to share one latency model: the same CPU limit and
@@ -64,7 +61,7 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	// than the proportional split on every scenario of the suite it changed (seed-fib 34.1
 	// against 36.1 ms, noisy-neighbour 188.5 against 209.5, bursty 123.8 against 128.5,
 	// slow-outlier 49.9 against 55.1, step-up-three-classes 164.5 against 176.5).
-	if p.SurgeFactor > 1 && p.SurgeFactor*load >= surgeUtilization()*fleetCapacity {
+	if p.SurgeFactor > 1 && p.SurgeFactor*load >= fleetCapacity {
 		return groups, nil, nil, false
 	}
 	// The utilization cap gives way when the whole fleet is planned above it.
@@ -100,19 +97,6 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 	budget := 1 - p.Quantile // the mass allowed above the quantile
 	search := newSplitSearch(groups, lo, hi, load, budget)
 	split, tHi, found := search.search(capacitySplit)
-	if os.Getenv("ALB_DEBUG") != "" {
-		for _, ep := range in.Endpoints {
-			if ep.RequestRate > 0 && ep.CPUCores/ep.RequestRate < 0.005 {
-				fmt.Fprintf(os.Stderr, "DEBUG odd %s cpu=%.3f rps=%.1f p99=%.3f w=%d replan=%v\n", ep.ID, ep.CPUCores, ep.RequestRate, ep.LatencyP99Seconds, ep.CurrentWeight, in.Replan)
-			}
-		}
-		for gi, g := range groups {
-			fmt.Fprintf(os.Stderr, "DEBUG load=%.0f total=%.0f g%d n=%d cost=%.4f cap=%.1f scale=%.2f lo=%.3f hi=%.3f capsplit=%.3f opt=%.3f util=%.2f\n", load, totalRate, gi, len(g.members), g.cost, g.capacity, g.loadScale, lo[gi], hi[gi], capacitySplit[gi], split[gi], split[gi]*load/(g.capacity*float64(len(g.members))))
-		}
-	}
-	if !found {
-		return groups, nil, nil, false
-	}
 	// The predicted quantile is flat near its minimum, so noise moves the optimum about. Move
 	// from the split the pods get now only as far toward the optimum as it takes to come within
 	// shareTolerance of its predicted quantile: a split that is nearly as good stays put.
@@ -186,19 +170,12 @@ func shareRatioCeiling(p TailParams, u float64) float64 {
 	if p.SurgeFactor <= 1 || !(u > 0) {
 		return p.MaxShareRatio
 	}
-	return math.Max(1, math.Min(p.MaxShareRatio, surgeUtilization()/math.Min(surgeUtilization(), p.SurgeFactor*u)))
-}
-
-func surgeUtilization() float64 {
-	if v, err := strconv.ParseFloat(os.Getenv("ALB_SURGEU"), 64); err == nil {
-		return v
-	}
-	return 1
+	return math.Max(1, math.Min(p.MaxShareRatio, 1/math.Min(1, p.SurgeFactor*u)))
 }
 
 // explorationStep is how far beyond the utilization it has been measured at a group may be
 // planned when its calibrated model promises more than the uncalibrated one.
-const explorationStep = 0.1
+const explorationStep = 0.2
 
 // utilizationCeiling is the highest fraction of its CPU limit a group may be planned at, at the
 // planning load: maxUtilization, or less when the group's calibrated model is more pessimistic
