@@ -330,7 +330,8 @@ func printFreshness(out io.Writer, observations []metrics.Observation, now time.
 	fmt.Fprintf(out, "\nFreshness: the youngest sample is %s old; at --interval %s the operator accepts samples up to %s old (2× interval).\n",
 		youngest.Round(time.Second), interval, limit)
 	if stale == pods {
-		fmt.Fprintln(out, "Every pod is stale: the operator would hold, then reset, the weights. "+staleAdvice(offset))
+		fmt.Fprintln(out, "Every pod is stale: the operator would hold, then reset, the weights.")
+		fmt.Fprintln(out, staleAdvice(offset))
 	}
 }
 
@@ -339,22 +340,21 @@ func printFreshness(out io.Writer, observations []metrics.Observation, now time.
 func staleAdvice(offset *time.Duration) string {
 	switch {
 	case offset == nil:
-		return fmt.Sprintf(`No latency_offset argument was sent (--latency-offset=none), so VictoriaMetrics
-evaluates a query for the last 30 s as of 30 s ago (-search.latencyOffset, default 30s) and every
-sample looks that much older. Drop --latency-offset=none (the operator's --tsdb-latency-offset
-defaults to 0s, the newest data), or set -search.latencyOffset=5s on victoria-metrics (single-node)
-or vmselect (cluster), or raise spec.interval. The default interval, 30s, allows %s: enough for
-the 30s offset with a scrape interval below 30s.`, 2*30*time.Second)
+		return fmt.Sprintf(`No latency_offset argument was sent (--latency-offset=none), so VictoriaMetrics evaluates a
+query for the last 30 s as of 30 s ago (-search.latencyOffset, default 30s) and every sample
+looks that much older. Drop --latency-offset=none (the operator's --tsdb-latency-offset defaults
+to 0s, the newest data), or set -search.latencyOffset=5s on victoria-metrics (single-node) or
+vmselect (cluster), or raise spec.interval. The default interval, 30s, allows %s: enough
+for the 30s offset with a scrape interval below 30s.`, 2*30*time.Second)
 	case *offset > 0:
-		return fmt.Sprintf(`--latency-offset=%s has VictoriaMetrics answer that far in the
-past: keep 2 × interval above it plus the scrape interval. Lower it (0s reads the newest data) or
-raise spec.interval.`, *offset)
+		return fmt.Sprintf(`--latency-offset=%s has VictoriaMetrics answer that far in the past: keep 2 × interval
+above it plus the scrape interval. Lower it (0s reads the newest data) or raise spec.interval.`, *offset)
 	}
-	return `The newest data was asked for (latency_offset), so the samples are
-this old in the TSDB itself: the pods are scraped less often than every 2 × interval, or the
-scrape or its remote write is behind. Scrape more often or raise spec.interval. A TSDB that
-ignores latency_offset and answers in the past looks the same: VictoriaMetrics before v1.85.2
-(lower its -search.latencyOffset), or a proxy in front of it that drops query arguments.`
+	return `The newest data was asked for (latency_offset), so the samples are this old in the TSDB
+itself: the pods are scraped less often than every 2 × interval, or the scrape or its remote
+write is behind. Scrape more often or raise spec.interval. A TSDB that ignores latency_offset and
+answers in the past looks the same: VictoriaMetrics before v1.85.2 (lower its
+-search.latencyOffset), or a proxy in front of it that drops query arguments.`
 }
 
 func formatValue(s metrics.Sample, format string) string {
