@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/prometheus/client_golang/api/prometheus/v1"
+	"github.com/prometheus/common/model"
+
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
 
@@ -211,5 +214,42 @@ func TestFetch_NewestData_AHalfVisibleScrapeMakesThePodStaleNotQuieter(t *testin
 	}
 	if !web2.CPUCores.Usable() {
 		t.Errorf("web-2's CPU is wholly visible: %+v", web2.CPUCores)
+	}
+}
+
+// The what-if reads ranges through NewAPI, on the same transport: without the argument
+// VictoriaMetrics repeats, for the points of a range query within 30 s of its clock, the last
+// point before them; with it the last point is the sample stamped now.
+func TestNewAPI_LatencyOffsetReadsTheNewestPointsOfARange(t *testing.T) {
+	vm := vmtest.Start(t)
+	now := time.Now().Truncate(time.Second)
+	step := 15 * time.Second
+	vm.ImportText(t, vmtest.Counter(`istio_requests_total{reporter="destination",namespace="shop",pod="api-1"}`, 10, now.Add(-5*time.Minute), now, step))
+	lastPoint := func(t *testing.T, cfg Config) float64 {
+		t.Helper()
+		api, err := NewAPI(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _, err := api.QueryRange(context.Background(), `istio_requests_total{namespace="shop"}`, v1.Range{Start: now.Add(-2 * time.Minute), End: now, Step: step})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := v.(model.Matrix)
+		if !ok || len(m) != 1 || len(m[0].Values) == 0 {
+			t.Fatalf("want one series, got %v", v)
+		}
+		values := m[0].Values
+		if last := values[len(values)-1]; !last.Timestamp.Time().Equal(now) {
+			t.Fatalf("the range ends at %s, want %s", last.Timestamp.Time(), now)
+		}
+		return float64(values[len(values)-1].Value)
+	}
+	// 10 requests a second for 5 minutes: 3000 at now, 2700 at now-30s.
+	if got := lastPoint(t, Config{URL: vm.URL}); got > 2700 {
+		t.Errorf("without latency_offset the last point is %v, want at most 2700 (a point 30 s old or older)", got)
+	}
+	if got := lastPoint(t, Config{URL: vm.URL, LatencyOffset: ptr(time.Duration(0))}); got != 3000 {
+		t.Errorf("with latency_offset=0s the last point is %v, want 3000 (the sample stamped now)", got)
 	}
 }
