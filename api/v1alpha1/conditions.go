@@ -98,7 +98,9 @@ const (
 	// ReasonNoServiceEntry: there is no ServiceEntry to weight (see EndpointsMirrored).
 	ReasonNoServiceEntry = "NoServiceEntry"
 	// ReasonMetricsStale: the TSDB answered, but every pod's newest sample is older than twice
-	// the interval (VictoriaMetrics answers 30 s in the past by default: -search.latencyOffset).
+	// the interval: the pods are scraped too rarely for it, or the TSDB answers in the past
+	// (VictoriaMetrics does, 30 s by default, when --tsdb-latency-offset=none or it ignores the
+	// latency_offset argument the operator sends).
 	ReasonMetricsStale = "MetricsStale"
 	// ReasonQueryFailed: a query failed for every pod of the Service; the weights still use the
 	// signals that work, if the algorithm has what it needs.

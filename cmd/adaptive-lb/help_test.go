@@ -15,11 +15,13 @@ func TestHelp_SaysWhatEachDefaultIs(t *testing.T) {
 		want    string
 		notWant []string
 	}{
-		"simulate --warmup":   {[]string{"simulate", "--help"}, "--warmup", "(default: the scenario's)", []string{"(default -1ns)", "(default 0s)"}},
-		"simulate --progress": {[]string{"simulate", "--help"}, "--progress", "(default: when stderr is a terminal)", []string{"(default true)", "(default false)"}},
-		"run --tsdb-url":      {[]string{"run", "--help"}, "--tsdb-url", "optional: without it endpoints are mirrored with equal weights", []string{"(required)"}},
-		"metrics check --url": {[]string{"metrics", "check", "--help"}, "--url", "(required)", nil},
-		"bench --doc":         {[]string{"bench", "--help"}, "--doc", "(default: none, the tables are only printed)", []string{"docs/benchmarks.md\")"}},
+		"simulate --warmup":                 {[]string{"simulate", "--help"}, "--warmup", "(default: the scenario's)", []string{"(default -1ns)", "(default 0s)"}},
+		"simulate --progress":               {[]string{"simulate", "--help"}, "--progress", "(default: when stderr is a terminal)", []string{"(default true)", "(default false)"}},
+		"run --tsdb-url":                    {[]string{"run", "--help"}, "--tsdb-url", "optional: without it endpoints are mirrored with equal weights", []string{"(required)"}},
+		"metrics check --url":               {[]string{"metrics", "check", "--help"}, "--url", "(required)", nil},
+		"run --tsdb-latency-offset":         {[]string{"run", "--help"}, "--tsdb-latency-offset", `0s reads the newest samples; none sends no argument`, nil},
+		"run --tsdb-latency-offset default": {[]string{"run", "--help"}, "--tsdb-latency-offset", `(default "0s")`, nil},
+		"bench --doc":                       {[]string{"bench", "--help"}, "--doc", "(default: none, the tables are only printed)", []string{"docs/benchmarks.md\")"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -43,12 +43,15 @@ type metricsSourceFlags struct {
 	// latencyHistogram is set by run's --tsdb-latency-histogram; metrics check discovers pods
 	// and sends no histogram query.
 	latencyHistogram bool
+	latencyOffset    string
+	// prefix is the flags' prefix, to name them in errors.
+	prefix string
 }
 
 // prefix names the flags ("" for metrics check, "tsdb-" for run); urlNote ends the URL flag's
 // help with what an empty URL means to the command.
 func addMetricsSourceFlags(fs *pflag.FlagSet, prefix, urlNote string) *metricsSourceFlags {
-	f := &metricsSourceFlags{}
+	f := &metricsSourceFlags{prefix: prefix}
 	fs.StringVar(&f.url, prefix+"url", "", "base URL of the Prometheus-compatible query API, e.g. http://vmselect.monitoring:8481 "+urlNote)
 	fs.StringVar(&f.pathPrefix, prefix+"path-prefix", "", "path before /api/v1/query, e.g. /select/0/prometheus (VictoriaMetrics cluster) or /prometheus (Mimir)")
 	fs.DurationVar(&f.timeout, prefix+"timeout", metrics.DefaultTimeout, "timeout of each query")
@@ -64,6 +67,7 @@ func addMetricsSourceFlags(fs *pflag.FlagSet, prefix, urlNote string) *metricsSo
 	fs.StringVar(&f.labelNamespace, prefix+"label-namespace", metrics.DefaultLabels.Namespace, "label holding the pod's namespace")
 	fs.StringVar(&f.labelPod, prefix+"label-pod", metrics.DefaultLabels.Pod, "label holding the pod's name")
 	fs.StringVar(&f.labelContainer, prefix+"label-container", metrics.DefaultLabels.Container, "label holding the container name (cAdvisor)")
+	fs.StringVar(&f.latencyOffset, prefix+"latency-offset", "0s", "sent as VictoriaMetrics' latency_offset query argument, which overrides its -search.latencyOffset (30s): 0s reads the newest samples; "+metrics.LatencyOffsetNone+" sends no argument, and VictoriaMetrics answers 30s in the past (Prometheus, Thanos and Mimir ignore it; see docs/metrics.md)")
 	fs.StringVar(&f.queryCPU, prefix+"query-cpu", "", "Go template replacing the default CPU query (see docs/metrics.md)")
 	fs.StringVar(&f.queryRPS, prefix+"query-request-rate", "", "Go template replacing the default request-rate query")
 	fs.StringVar(&f.queryErrors, prefix+"query-error-rate", "", "Go template replacing the default error-rate query")
@@ -87,6 +91,11 @@ func (f *metricsSourceFlags) config() (metrics.Config, error) {
 		Queries:                 metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
 		DisableLatencyHistogram: !f.latencyHistogram,
 	}
+	offset, err := metrics.ParseLatencyOffset(f.latencyOffset)
+	if err != nil {
+		return cfg, newUsageError("--%slatency-offset: %v", f.prefix, err)
+	}
+	cfg.LatencyOffset = offset
 	for _, h := range f.headers {
 		name, value, ok := strings.Cut(h, "=")
 		if !ok || strings.TrimSpace(name) == "" {
@@ -184,7 +193,7 @@ func runMetricsCheck(ctx context.Context, o *metricsCheckOptions, now time.Time,
 	}
 	printQueries(out, batch.Queries, now, o)
 	printPods(out, batch.Observations, now)
-	printFreshness(out, batch.Observations, now, o.interval)
+	printFreshness(out, batch.Observations, now, o.interval, o.cfg.LatencyOffset)
 
 	if fetchErr != nil && !allNoData(batch.Queries) {
 		return summarizeFailures(o.cfg.URL+o.cfg.PathPrefix, batch.Queries)
@@ -226,7 +235,8 @@ func allNoData(queries []metrics.Query) bool {
 }
 
 func printQueries(out io.Writer, queries []metrics.Query, now time.Time, o *metricsCheckOptions) {
-	fmt.Fprintf(out, "Queries (evaluated at %s, window %s, stale after %s):\n", now.UTC().Format(time.RFC3339), o.window, 2*o.interval)
+	fmt.Fprintf(out, "Queries (evaluated at %s, window %s, stale after %s, latency offset %s):\n",
+		now.UTC().Format(time.RFC3339), o.window, 2*o.interval, metrics.FormatLatencyOffset(o.cfg.LatencyOffset))
 	for _, q := range queries {
 		signals := make([]string, len(q.Signals))
 		for i, s := range q.Signals {
@@ -287,9 +297,10 @@ func printPods(out io.Writer, observations []metrics.Observation, now time.Time)
 	}
 }
 
-// printFreshness says how old the youngest sample is against the operator's limit, and what to
-// change when the TSDB answers too far in the past for the interval.
-func printFreshness(out io.Writer, observations []metrics.Observation, now time.Time, interval time.Duration) {
+// printFreshness says how old the youngest sample is against the operator's limit, and, when
+// every pod is stale, what to change: what makes samples look old depends on whether the newest
+// data was asked for (latency offset, nil when no argument was sent).
+func printFreshness(out io.Writer, observations []metrics.Observation, now time.Time, interval time.Duration, offset *time.Duration) {
 	youngest := time.Duration(-1)
 	pods, stale := 0, 0
 	for _, obs := range observations {
@@ -319,14 +330,31 @@ func printFreshness(out io.Writer, observations []metrics.Observation, now time.
 	fmt.Fprintf(out, "\nFreshness: the youngest sample is %s old; at --interval %s the operator accepts samples up to %s old (2× interval).\n",
 		youngest.Round(time.Second), interval, limit)
 	if stale == pods {
-		fmt.Fprintf(out, `Every pod is stale: the operator would hold, then reset, the weights. A TSDB that answers in the
-past makes every sample look old: VictoriaMetrics evaluates a query for the last 30 s as of 30 s
-ago (-search.latencyOffset, default 30s). Keep 2 × interval above that offset plus the scrape
-interval: set -search.latencyOffset=5s on victoria-metrics (single-node) or vmselect (cluster),
-or raise spec.interval. The default interval, 30s, allows %s: enough for the 30s offset with a
-scrape interval below 30s.
-`, 2*30*time.Second)
+		fmt.Fprintln(out, "Every pod is stale: the operator would hold, then reset, the weights.")
+		fmt.Fprintln(out, staleAdvice(offset))
 	}
+}
+
+// staleAdvice says what makes every sample look too old, and what to set, for the latency
+// offset the queries were sent with.
+func staleAdvice(offset *time.Duration) string {
+	switch {
+	case offset == nil:
+		return fmt.Sprintf(`No latency_offset argument was sent (--latency-offset=none), so VictoriaMetrics evaluates a
+query for the last 30 s as of 30 s ago (-search.latencyOffset, default 30s) and every sample
+looks that much older. Drop --latency-offset=none (the operator's --tsdb-latency-offset defaults
+to 0s, the newest data), or set -search.latencyOffset=5s on victoria-metrics (single-node) or
+vmselect (cluster), or raise spec.interval. The default interval, 30s, allows %s: enough
+for the 30s offset with a scrape interval below 30s.`, 2*30*time.Second)
+	case *offset > 0:
+		return fmt.Sprintf(`--latency-offset=%s has VictoriaMetrics answer that far in the past: keep 2 × interval
+above it plus the scrape interval. Lower it (0s reads the newest data) or raise spec.interval.`, *offset)
+	}
+	return `The newest data was asked for (latency_offset), so the samples are this old in the TSDB
+itself: the pods are scraped less often than every 2 × interval, or the scrape or its remote
+write is behind. Scrape more often or raise spec.interval. A TSDB that ignores latency_offset and
+answers in the past looks the same: VictoriaMetrics before v1.85.2 (lower its
+-search.latencyOffset), or a proxy in front of it that drops query arguments.`
 }
 
 func formatValue(s metrics.Sample, format string) string {

@@ -69,23 +69,42 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 		}
 	})
 
-	t.Run("a stock VictoriaMetrics at a short interval: every pod stale, and what to set", func(t *testing.T) {
-		// Fresh samples up to the wall clock, checked now: VictoriaMetrics answers 30 s back.
-		live := time.Now().Truncate(time.Second)
-		vm.ImportText(t, vmtest.Counter(`container_cpu_usage_seconds_total{namespace="live",pod="api-1",container="app"}`, 0.5, live.Add(-5*time.Minute), live, 5*time.Second)+
-			vmtest.Counter(`istio_requests_total{reporter="destination",namespace="live",pod="api-1",response_code="200"}`, 100, live.Add(-5*time.Minute), live, 5*time.Second))
+	// Samples scraped every 5 s up to the wall clock, checked now.
+	live := time.Now().Truncate(time.Second)
+	vm.ImportText(t, vmtest.Counter(`container_cpu_usage_seconds_total{namespace="live",pod="api-1",container="app"}`, 0.5, live.Add(-5*time.Minute), live, 5*time.Second)+
+		vmtest.Counter(`istio_requests_total{reporter="destination",namespace="live",pod="api-1",response_code="200"}`, 100, live.Add(-5*time.Minute), live, 5*time.Second))
+
+	t.Run("by default the newest samples are read: fresh at a 5s interval", func(t *testing.T) {
 		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live", "--interval", "5s")
 		if code != exitOK {
 			t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
 		}
-		for _, want := range []string{"accepts samples up to 10s old", "Every pod is stale", "-search.latencyOffset", "default interval, 30s, allows 1m0s"} {
+		if !strings.Contains(stdout, "latency offset 0s") || strings.Contains(stdout, "Every pod is stale") || !strings.Contains(squash(stdout), "live api-1 0.500 100.00") {
+			t.Errorf("want api-1 read up to now and fresh at a 5s interval:\n%s", stdout)
+		}
+	})
+
+	t.Run("without latency_offset, at a short interval: every pod stale, and what to set", func(t *testing.T) {
+		// VictoriaMetrics answers 30 s back.
+		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live", "--interval", "5s", "--latency-offset", "none")
+		if code != exitOK {
+			t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr, stdout)
+		}
+		for _, want := range []string{"latency offset none", "accepts samples up to 10s old", "Every pod is stale", "No latency_offset argument was sent", "-search.latencyOffset", "default interval, 30s, allows 1m0s"} {
 			if !strings.Contains(stdout, want) {
 				t.Errorf("output lacks %q:\n%s", want, stdout)
 			}
 		}
-		code, stdout, _ = runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live")
+		code, stdout, _ = runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "live", "--latency-offset", "none")
 		if code != exitOK || strings.Contains(stdout, "Every pod is stale") || !strings.Contains(stdout, "accepts samples up to 1m0s old") {
 			t.Errorf("at the default 30s interval the pod is fresh; exit %d:\n%s", code, stdout)
+		}
+	})
+
+	t.Run("the newest data asked for and still every pod stale: the scrape is too rare for the interval", func(t *testing.T) {
+		code, stdout, _ := runCLI(t, "metrics", "check", "--url", vm.URL, "--namespace", "pay", "--window", "2m", "--interval", "10s", "--at", at)
+		if code != exitOK || !strings.Contains(stdout, "Every pod is stale") || !strings.Contains(stdout, "The newest data was asked for") {
+			t.Errorf("exit %d:\n%s", code, stdout)
 		}
 	})
 
@@ -135,6 +154,25 @@ func TestMetricsCheck_BadFlagsExit2(t *testing.T) {
 			code, _, stderr := runCLI(t, args...)
 			if code != exitUsageError || stderr == "" {
 				t.Errorf("exit %d, stderr %q", code, stderr)
+			}
+		})
+	}
+}
+
+func TestMetricsCheck_BadLatencyOffsetSaysWhatToWrite(t *testing.T) {
+	cases := map[string]struct {
+		value, want string
+	}{
+		"a word":           {"off", `--latency-offset: latency offset "off": want a duration such as 0s (read the newest data) or 5s, or "none" to send no latency_offset argument`},
+		"negative":         {"-1s", `--latency-offset: latency offset -1s must not be negative: 0s reads the newest data; use "none"`},
+		"below 1 ms":       {"100us", `--latency-offset: latency offset 100µs: VictoriaMetrics counts it in whole milliseconds`},
+		"a Prometheus day": {"1d", `latency offset "1d": want a duration`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, "metrics", "check", "--url", "http://127.0.0.1:1", "--latency-offset", tc.value)
+			if code != exitUsageError || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d and %q", code, stderr, exitUsageError, tc.want)
 			}
 		})
 	}

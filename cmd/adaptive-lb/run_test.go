@@ -29,6 +29,7 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		"log level":        {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
 		"watch namespaces": {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
 		"leader timings":   {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
+		"latency offset":   {[]string{"run", "--tsdb-url", "http://vm:8428", "--tsdb-latency-offset", "-30s"}, "--tsdb-latency-offset: latency offset -30s must not be negative"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -245,6 +245,7 @@ func TestSimulateFromTSDB_FlagsAreCheckedBeforeAnyQuery(t *testing.T) {
 		"a bad --at":                  {[]string{"simulate", "--from-tsdb", "http://127.0.0.1:1", "--service", "shop/web", "--at", "yesterday"}, `--at "yesterday": want an RFC 3339 time`},
 		"a bad TSDB flag":             {[]string{"simulate", "--from-tsdb", "http://127.0.0.1:1", "--service", "shop/web", "--tsdb-header", "nonsense"}, `--header "nonsense"`},
 		"an URL that is none":         {[]string{"simulate", "--from-tsdb", "ftp://x", "--service", "shop/web"}, "scheme must be http or https"},
+		"a bad latency offset":        {[]string{"simulate", "--from-tsdb", "http://127.0.0.1:1", "--service", "shop/web", "--tsdb-latency-offset", "soon"}, `--tsdb-latency-offset: latency offset "soon": want a duration`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

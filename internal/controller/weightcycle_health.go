@@ -43,11 +43,18 @@ type metricsHealth struct {
 	dataEnd time.Time
 }
 
-// dataEnd is when the metrics window the TSDB answered for ends: the newest raw sample behind
-// any pod's request rate, or now when none says. A TSDB that answers in the past
-// (VictoriaMetrics' -search.latencyOffset, 30 s by default) evaluates the queries sent now as of
-// that long ago, so the window is (dataEnd - window, dataEnd], not (now - window, now]: a
-// write made after dataEnd is not in it at all.
+// dataEnd is when the metrics window the TSDB answered for ends: the newest time up to which
+// some pod's request series all have samples, or now when none says. A TSDB that answers in the
+// past (VictoriaMetrics' -search.latencyOffset, 30 s by default, when no latency_offset is sent)
+// evaluates the queries sent now as of that long ago, so the window is (dataEnd - window,
+// dataEnd], not (now - window, now]: a write made after dataEnd is not in it at all. Reading the
+// newest data (--tsdb-latency-offset=0s), dataEnd trails now by the scrape interval and the
+// ingestion delay only. A pod whose newest scrape is not visible yet is not read as quieter for
+// it: rate() in VictoriaMetrics is the increase from the last sample before the window to the
+// last one in it over their time apart, so the pod's rate covers a window ending one scrape
+// earlier; and a pod with a request series that has no sample in the window at all (a scrape
+// made only part visible, when the window holds a single scrape) is stale through the freshness
+// probe (metrics.DefaultIstioFreshnessQuery) rather than summed without that series.
 func (d *dueTarget) dataEnd(now time.Time, res fetchResult) time.Time {
 	var end time.Time
 	for _, ip := range d.podOrder {
@@ -238,8 +245,10 @@ func (h metricsHealth) outageSummary(alg weights.Algorithm) string {
 	return needed + ": " + shorten(strings.Join(h.detail, "; "), 200)
 }
 
-// staleHint says what to change when samples arrive too old.
-const staleHint = "the TSDB may answer in the past (VictoriaMetrics: -search.latencyOffset, default 30s): lower it or raise spec.interval; see docs/metrics.md"
+// staleHint says what to change when samples arrive too old: with the newest data asked for,
+// a scrape too rare for the interval; otherwise, or on a TSDB that ignores the argument, the
+// TSDB answering in the past.
+const staleHint = "check --tsdb-latency-offset (0s reads the newest data; with none, or a TSDB that ignores it, VictoriaMetrics answers 30s in the past: lower its -search.latencyOffset), scrape more often or raise spec.interval; see docs/metrics.md"
 
 func signalList(sigs []metrics.Signal) string {
 	names := make([]string, len(sigs))

@@ -313,9 +313,10 @@ func TestWeightCycle_AQueryFailingForEveryPodIsReported(t *testing.T) {
 	lf.assertShortConditions("web")
 }
 
-// Issue 15.4: a stock VictoriaMetrics answers 30 s in the past, so at a short interval (here
+// Issue 15.4: a stock VictoriaMetrics asked without latency_offset (the fixture's source sends
+// none, as --tsdb-latency-offset=none) answers 30 s in the past, so at a short interval (here
 // 5 s: stale after 10 s; the same holds at 15 s) every pod looks stale. The condition says so,
-// and what to change.
+// and what to change. TestWeightCycle_ReadsTheNewestDataWithLatencyOffset is the other side.
 func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
 	lf.useCapacity()
@@ -328,7 +329,7 @@ func TestWeightCycle_ReportsStaleMetrics(t *testing.T) {
 		t.Fatalf("stale metrics changed the weights: %+v", o)
 	}
 	c := lf.waitForCondition("web", adlbv1.ConditionMetricsAvailable, metav1.ConditionFalse, adlbv1.ReasonMetricsStale)
-	for _, want := range []string{"latencyOffset", "spec.interval", "30s"} {
+	for _, want := range []string{"--tsdb-latency-offset", "-search.latencyOffset", "spec.interval", "30s"} {
 		if !strings.Contains(c.Message, want) {
 			t.Errorf("the stale condition should mention %q: %s", want, c.Message)
 		}

@@ -108,7 +108,7 @@ func serveBenchTSDB() {
 			_ = r.ParseForm()
 			body := values
 			switch q := r.Form.Get("query"); {
-			case strings.HasPrefix(q, "max by"): // a freshness probe
+			case strings.Contains(q, "(timestamp("): // a freshness probe
 				body = stamps
 			case strings.Contains(q, "istio_request_duration_milliseconds_bucket") && !strings.HasPrefix(q, "histogram_quantile"):
 				body = histogram

@@ -33,6 +33,11 @@ type Config struct {
 	Timeout time.Duration
 	// MaxResponseBytes bounds one query's response; 0 is DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+	// LatencyOffset, when set, goes with every query as VictoriaMetrics' latency_offset
+	// argument, overriding its -search.latencyOffset (30 s by default): 0 reads the newest
+	// samples the TSDB has. nil sends no argument, and VictoriaMetrics then answers a query for
+	// "now" as of its own offset ago. Prometheus, Thanos and Mimir do not read it.
+	LatencyOffset *time.Duration
 
 	// BearerTokenFile is read before the first request and re-read whenever its size or mtime
 	// changes, so rotated service-account or vault tokens are picked up.
@@ -89,6 +94,11 @@ func (c Config) Validate() error {
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("timeout %s must not be negative", c.Timeout))
 	}
+	if c.LatencyOffset != nil {
+		if err := validateLatencyOffset(*c.LatencyOffset); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.BearerTokenFile != "" && c.BasicAuth.Username != "" {
 		errs = append(errs, errors.New("bearer token file and basic auth are mutually exclusive: set one"))
 	}
@@ -133,7 +143,8 @@ func (c Config) address() string {
 	return strings.TrimRight(c.URL, "/") + strings.TrimRight(c.PathPrefix, "/")
 }
 
-// roundTripper builds the transport chain: TLS at the bottom, then auth, then extra headers.
+// roundTripper builds the transport chain: TLS at the bottom, then auth, then extra headers, then
+// the latency_offset argument.
 // TLS files (CA, client certificate and key) are re-read when they change, like the bearer token.
 func (c Config) roundTripper() (http.RoundTripper, error) {
 	newTransport := func(tlsConfig *tls.Config) *http.Transport {
@@ -169,6 +180,9 @@ func (c Config) roundTripper() (http.RoundTripper, error) {
 	}
 	if len(c.Headers) > 0 {
 		rt = &headerRoundTripper{headers: c.Headers, next: rt}
+	}
+	if c.LatencyOffset != nil {
+		rt = newLatencyOffsetRoundTripper(*c.LatencyOffset, rt)
 	}
 	return rt, nil
 }

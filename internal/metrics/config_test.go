@@ -26,6 +26,9 @@ func TestConfig_Validate(t *testing.T) {
 		"a broken template is caught at startup":         {Config{URL: "http://vm", Queries: QueryTemplates{CPU: "{{.Window"}}, "query for cpu"},
 		"an unknown template field is caught at startup": {Config{URL: "http://vm", FreshnessQueries: QueryTemplates{ErrorRate: "x{ns=~\"{{.Namespace}}\"}"}}, "freshness query for errorRate"},
 		"negative timeout":                               {Config{URL: "http://vm", Timeout: -time.Second}, "must not be negative"},
+		"a zero latency offset reads the newest data":    {Config{URL: "http://vm", LatencyOffset: ptr(time.Duration(0))}, ""},
+		"a negative latency offset":                      {Config{URL: "http://vm", LatencyOffset: ptr(-time.Second)}, "latency offset -1s must not be negative"},
+		"a latency offset finer than a millisecond":      {Config{URL: "http://vm", LatencyOffset: ptr(1500 * time.Microsecond)}, "whole milliseconds; use e.g. 1ms"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -125,7 +125,7 @@ func TestPrometheusSource_NonFiniteValues(t *testing.T) {
 		switch {
 		case strings.HasPrefix(q, "histogram_quantile("):
 			return vector("NaN", "0.1")
-		case strings.HasPrefix(q, "max by"): // freshness probes
+		case strings.Contains(q, "(timestamp("): // freshness probes
 			return vector("1795348200", "1795348200")
 		case strings.Contains(q, "rate(container_cpu_usage_seconds_total"):
 			return vector("1", "+Inf")

@@ -26,7 +26,7 @@ func newInstrumentation(reg prometheus.Registerer) (*instrumentation, error) {
 		}, []string{"signal"}),
 		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "adaptivelb_metrics_stale_samples_total",
-			Help: "Per-pod samples present but older than twice the interval, by signal. A steady rise for every pod means the TSDB answers in the past (VictoriaMetrics -search.latencyOffset) or scrapes too rarely for the interval.",
+			Help: "Per-pod samples present but older than twice the interval, by signal. A steady rise for every pod means the TSDB answers in the past (VictoriaMetrics -search.latencyOffset, when no latency_offset is sent) or scrapes too rarely for the interval.",
 		}, []string{"signal"}),
 	}
 	if reg == nil {

@@ -120,10 +120,21 @@ const (
 	// configured without it (Config.DisableLatencyHistogram).
 	DefaultLatencyHistogramQuery = `sum by ({{.Labels.Namespace}}, {{.Labels.Pod}}, le) (increase(istio_request_duration_milliseconds_bucket{` + istioSelector + `}[{{.Window}}]))`
 
-	// Freshness probes: the timestamp of each pod's newest raw sample. All Istio signals come from
-	// the same sidecar scrape, so they share one probe (identical renders are sent once).
-	DefaultCPUFreshnessQuery   = `max by ({{.Labels.Namespace}}, {{.Labels.Pod}}) (timestamp(container_cpu_usage_seconds_total{` + cpuSelector + `}))`
-	DefaultIstioFreshnessQuery = `max by ({{.Labels.Namespace}}, {{.Labels.Pod}}) (timestamp(istio_requests_total{` + istioSelector + `}))`
+	// Freshness probes. All Istio signals come from the same sidecar scrape, so they share one
+	// probe (identical renders are sent once).
+	//
+	// The CPU probe is the timestamp of the pod's newest raw sample. cAdvisor stamps each
+	// container's samples itself, and a restarted container's old series stays visible for the
+	// lookback (5 min) after it ends, so the oldest of them would say little.
+	DefaultCPUFreshnessQuery = `max by ({{.Labels.Namespace}}, {{.Labels.Pod}}) (timestamp(container_cpu_usage_seconds_total{` + cpuSelector + `}))`
+	// The sidecar probe is the oldest of the pod's request series' newest samples: the time up to
+	// which every one of them is visible. One scrape stamps them all alike, so it is the newest
+	// sample, except while the TSDB has made only part of a scrape visible (VictoriaMetrics makes
+	// rows searchable shard by shard, up to 2 s apart, when read with latency_offset; Mimir and
+	// Thanos Receive ingest remote-write batches apart too). A series whose newest sample is not
+	// visible yet and has none left in the window drops out of rate(), and the pod's sum reads as
+	// quieter than it is; through this probe such a pod is stale instead.
+	DefaultIstioFreshnessQuery = `min by ({{.Labels.Namespace}}, {{.Labels.Pod}}) (timestamp(istio_requests_total{` + istioSelector + `}))`
 
 	cpuSelector   = ` {{- .Labels.Namespace}}=~"{{.Namespaces}}", {{.Labels.Pod}}=~"{{.Pods}}", {{.Labels.Container}}!="", {{.Labels.Container}}!="POD", {{.Labels.Container}}!="istio-proxy"`
 	istioSelector = `reporter="destination", {{.Labels.Namespace}}=~"{{.Namespaces}}", {{.Labels.Pod}}=~"{{.Pods}}"`

@@ -36,9 +36,9 @@ func TestRenderQuery_DefaultQueries(t *testing.T) {
 			DefaultCPUFreshnessQuery,
 			`max by (namespace, pod) (timestamp(container_cpu_usage_seconds_total{namespace=~"pay\\.eu|shop", pod=~".+", container!="", container!="POD", container!="istio-proxy"}))`,
 		},
-		"istio freshness probe takes the newest raw sample": {
+		"istio freshness probe takes the oldest of the pod's series' newest samples": {
 			DefaultIstioFreshnessQuery,
-			`max by (namespace, pod) (timestamp(istio_requests_total{reporter="destination", namespace=~"pay\\.eu|shop", pod=~".+"}))`,
+			`min by (namespace, pod) (timestamp(istio_requests_total{reporter="destination", namespace=~"pay\\.eu|shop", pod=~".+"}))`,
 		},
 	}
 	for name, tc := range cases {

@@ -68,8 +68,9 @@ type Request struct {
 // Sample is one signal's value for one pod.
 type Sample struct {
 	Value float64
-	// Timestamp is the time of the newest raw sample behind the value (from the freshness probe),
-	// or the evaluation time when the signal has no freshness probe.
+	// Timestamp is the time the freshness probe gives for the pod: its newest raw sample (CPU),
+	// or the time up to which all its request series have samples (the sidecar signals); the
+	// evaluation time when the signal has no freshness probe.
 	Timestamp time.Time
 	// Present is false when the pod has no usable value (no data, NaN/Inf, duplicate series,
 	// failed query).

@@ -117,6 +117,16 @@ func (s *Server) ImportText(t testing.TB, text string) {
 	s.do(t, ctx, http.MethodGet, "/internal/force_flush", "")
 }
 
+// ImportTextUnflushed loads samples the way a scraper's writes arrive: without the forced flush,
+// so they become visible only when VictoriaMetrics makes them searchable on its own (its pending
+// rows are flushed every 2 s). For measuring that delay; tests use ImportText.
+func (s *Server) ImportTextUnflushed(t testing.TB, text string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.do(t, ctx, http.MethodPost, "/api/v1/import/prometheus", text)
+}
+
 func (s *Server) do(t testing.TB, ctx context.Context, method, path, body string) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, strings.NewReader(body))
