@@ -226,6 +226,18 @@ const (
 // When fewer than two endpoints have metrics the engine falls back to equal weights; here every
 // endpoint keeps its weight instead, as no new information justifies a change.
 func keepWithoutMetrics(d *weights.Decision, t Target) {
+	keepWithoutMetricsOf(d, t.Endpoints, t.Settings, t.PeerGroups, t.Known)
+}
+
+// KeepWithoutMetrics applies the planner's rule for the endpoints without usable metrics (see
+// keepWithoutMetrics) to an engine decision, as Plan does after the engine: the simulator calls it
+// so that its controller decides what the operator's would.
+func KeepWithoutMetrics(d *weights.Decision, endpoints []weights.Endpoint, s weights.Settings, peerGroups map[string]string, known map[string]bool) {
+	keepWithoutMetricsOf(d, endpoints, s, peerGroups, known)
+}
+
+func keepWithoutMetricsOf(d *weights.Decision, endpoints []weights.Endpoint, settings weights.Settings, peerGroups map[string]string, known map[string]bool) {
+	t := Target{Endpoints: endpoints, Settings: settings, PeerGroups: peerGroups, Known: known}
 	if len(d.Endpoints) != len(t.Endpoints) {
 		return
 	}

@@ -75,7 +75,7 @@ func (s *simulation) onFastCheck(t float64) error {
 			baseline[p.name] = base
 		}
 	}
-	d, err := weights.Relieve(weights.ReliefInput{Endpoints: eps, Baseline: baseline, Answered: answered}, *s.settings)
+	d, err := weights.Relieve(weights.ReliefInput{Endpoints: eps, Baseline: baseline, Answered: answered, WindowSeconds: s.sc.Controller.FastCheckWindow.Seconds()}, *s.settings)
 	if err != nil || !d.Changed {
 		return err
 	}

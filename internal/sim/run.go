@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
@@ -155,6 +156,9 @@ type simulation struct {
 	pendingAnswers map[uint32][]int32
 	pendingRelief  map[uint32]string
 	cuts           []weightCut
+	// known marks the pods whose weight came from their own metrics in an earlier cycle, as the
+	// operator's planner counts them (cycle.Target.Known).
+	known map[string]bool
 	// The load history (history.go) and the tail algorithm's surge bound learned from it.
 	history     weights.LoadHistory
 	surgeFactor float64
@@ -197,6 +201,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 		pendingWhy:       map[uint32]string{},
 		pendingRelief:    map[uint32]string{},
 		relievedAt:       map[int32]float64{},
+		known:            map[string]bool{},
 		lastCutAt:        map[int32]float64{},
 		pendingAnswers:   map[uint32][]int32{},
 		// The recoveries cut the latencies by time, which the sketches cannot.
@@ -742,6 +747,12 @@ func (s *simulation) markWarm(t float64) {
 const publishedStartWeight = 1000
 
 func (s *simulation) onControl(t float64) error {
+	if t < s.sc.Controller.Window.Seconds() {
+		// The operator starts on pods that have run for a while: the TSDB holds a whole window
+		// of each. The simulated fleet starts at 0 with none, and a cycle that read a part of a
+		// window would see only the pods whose scrapes happened to fall in it.
+		return nil
+	}
 	eps := make([]weights.Endpoint, 0, len(s.hosts))
 	ids := make([]int32, 0, len(s.hosts))
 	serviceRate, rateObserved := 0.0, false
@@ -792,6 +803,20 @@ func (s *simulation) onControl(t float64) error {
 	d, err := weights.Compute(in, *s.settings)
 	if err != nil {
 		return fmt.Errorf("controller at t=%.0fs: %w", t, err)
+	}
+	if a := s.settings.Algorithm; a == weights.AlgorithmCapacity || a == weights.AlgorithmTail {
+		// The operator's planner decides the endpoints without metrics (cycle.Plan): a known
+		// one keeps its weight, a new one takes its instance type's (here: its pod group's).
+		peers := make(map[string]string, len(ids))
+		for _, h := range ids {
+			peers[s.pods[h].name] = s.sc.Pods[s.pods[h].group].Name
+		}
+		cycle.KeepWithoutMetrics(&d, eps, *s.settings, peers, s.known)
+		for _, ep := range eps {
+			if ep.HasMetrics {
+				s.known[ep.ID] = true
+			}
+		}
 	}
 	s.modelDistrust = d.ModelDistrust
 	if d.ModelOverruled != "" {

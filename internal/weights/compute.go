@@ -315,7 +315,14 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 		if have[i] {
 			target[i] = math.Exp(logTarget[i] + shift)
 			if !fromShares {
-				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, p.MaxStepRatio, &reasons[i])
+				step := p.MaxStepRatio
+				if in.Replan {
+					// A known loss of capacity: the survivors' weights must reach the new split
+					// now, not over several cycles (a pod given a trickle needs more than one
+					// step to take its share of a departed fast pod's load).
+					step *= p.MaxStepRatio
+				}
+				target[i] = boundStep(target[i], endpoints[i].CurrentWeight, step, &reasons[i])
 				if endpoints[i].Relieved {
 					// Cut fast, restore slowly: a relieved pod earns its share back a step per cycle.
 					target[i] = math.Min(target[i], float64(endpoints[i].CurrentWeight)*math.Min(p.MaxStepRatio, reliefRestoreStep))

@@ -19,8 +19,20 @@ import (
 const (
 	ReasonRelievedLatency = "latency jumped since the last cycle: weight cut at once"
 	ReasonRelievedCPU     = "CPU jumped to its limit since the last cycle: weight cut at once"
+	ReasonRelievedCost    = "CPU per request jumped since the last cycle: weight cut with its capacity at once"
 	ReasonReliefSafeSplit = "moved to the capacity split while a pod is relieved"
 )
+
+// costJumped reports whether an endpoint's CPU per request rose by reliefCostJump or more since
+// its baseline, measured over at least reliefMinRequests requests in the short window while the
+// pod's own rate held within reliefSteadyLoad of its baseline, so that the rise is neither noise
+// nor the skew of two counters scraped at different instants across a change of its load: a pod whose node lost cores to a neighbour, or that runs on throttled
+// hardware, needs more CPU time per request before any queue shows.
+func costJumped(ep, base Endpoint, windowSeconds float64) bool {
+	return ep.RequestRate*windowSeconds >= reliefMinRequests &&
+		math.Abs(ep.RequestRate/base.RequestRate-1) <= reliefSteadyLoad &&
+		ep.CPUCores/ep.RequestRate >= (1+reliefCostJump)*base.CPUCores/base.RequestRate
+}
 
 // Relief thresholds. A pod is judged only when it runs at least reliefExcess above the fleet's
 // utilization. Its CPU has jumped when it runs at hotUtilization of its limit or more and its
@@ -31,6 +43,16 @@ const (
 // that rose for every pod is not cut for being what it was.
 const (
 	reliefExcess      = 0.1
+	// reliefCostJump is the rise of CPU per request that counts as a jump: far beyond the
+	// sampling error of a cost measured over a short window (about 2% for a pod serving 100
+	// requests a second with a request-size CV of 1), and beyond the skew between the CPU and
+	// request counters' scrapes while the load moves.
+	reliefCostJump = 0.25
+	// reliefMinRequests is how many requests a short window's CPU per request must stand on.
+	reliefMinRequests = 500
+	// reliefSteadyLoad is how far the fleet's rate, and the pod's, may have moved since the last
+	// cycle for its CPU per request to be judged.
+	reliefSteadyLoad = 0.15
 	reliefCPUJump     = 0.1
 	reliefLatencyJump = 3
 	// A relief multiplies a weight by at most reliefFactorMax and at least reliefFactorMin: it
@@ -50,6 +72,9 @@ type ReliefInput struct {
 	// Baseline is what the last cycle observed of each endpoint, by ID. An endpoint without a
 	// baseline is not judged: a jump needs a before.
 	Baseline map[string]Endpoint
+	// WindowSeconds is the short window's length. Without it (0) a pod's CPU per request is not
+	// judged: how many requests stand behind it is unknown.
+	WindowSeconds float64
 	// Answered marks, by ID, the endpoints whose weight a write lowered after the short window's
 	// middle: the window still shows the jump that write answered, so they are not judged again.
 	Answered map[string]bool
@@ -126,7 +151,12 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	if fleet >= hotUtilization || baseTotal <= 0 {
 		return d, nil // the whole fleet is at its limit: no split relieves it
 	}
+	// CPU per request is judged only on a steady load: the CPU and request counters are scraped
+	// at different instants, and while the load moves a short window's ratio of the two moves too.
+	steady := math.Abs(total/baseTotal-1) <= reliefSteadyLoad
 	jumped := make([]string, len(eps))
+	// costRatio is set for a pod relieved for its cost alone: how much more CPU a request takes.
+	costRatio := make([]float64, len(eps))
 	for i, ep := range eps {
 		if !ok[i] || in.Answered[ep.ID] {
 			continue
@@ -147,6 +177,10 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 		case u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
 			jumped[i] = fmt.Sprintf("%s: CPU %.0f%% of its limit, was %.0f%%, the fleet at %.0f%%", ep.ID, 100*u, 100*uBase, 100*fleet)
 			d.Endpoints[i].Reason = ReasonRelievedCPU
+		case steady && costJumped(ep, base, in.WindowSeconds):
+			costRatio[i] = (ep.CPUCores / ep.RequestRate) / (base.CPUCores / base.RequestRate)
+			jumped[i] = fmt.Sprintf("%s: CPU per request %s, was %s", ep.ID, formatSeconds(ep.CPUCores/ep.RequestRate), formatSeconds(base.CPUCores/base.RequestRate))
+			d.Endpoints[i].Reason = ReasonRelievedCost
 		}
 	}
 	var evidence []string
@@ -158,6 +192,27 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	if len(evidence) == 0 {
 		return d, nil
 	}
+	overloaded := false
+	for i := range eps {
+		overloaded = overloaded || (jumped[i] != "" && costRatio[i] == 0)
+	}
+	if !overloaded {
+		// A pod that got slower but has no queue yet: its weight follows its capacity down, so
+		// that it keeps the load it was planned for; the others keep theirs.
+		for i, ep := range eps {
+			if costRatio[i] > 0 {
+				w := int(math.Round(math.Max(float64(s.MinWeight), float64(ep.CurrentWeight)/costRatio[i])))
+				if w < ep.CurrentWeight {
+					d.Endpoints[i].Weight = w
+					d.Changed = true
+				}
+			}
+		}
+		if d.Changed {
+			d.Reason = "relieved at once, between cycles (" + strings.Join(evidence, "; ") + ")"
+		}
+		return d, nil
+	}
 	// Toward the safe split, for every pod at once: the capacity algorithm's, on each pod's
 	// newest capacity, which needs no latency model and loads no pod beyond the others. Cutting
 	// the jumped pods alone would hand their load to the weights in force, which may lean on
@@ -165,10 +220,18 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	capacity := make([]float64, len(eps))
 	var weightSum float64
 	for i, ep := range eps {
-		if ok[i] {
-			capacity[i] = limit(ep) * ep.RequestRate / ep.CPUCores
-			weightSum += float64(ep.CurrentWeight)
+		if !ok[i] {
+			continue
 		}
+		// A jumped pod's capacity is its newest; the others' is what the last cycle measured
+		// over its whole window, steadier than a short window's (a pod the plan gives a trickle
+		// serves a few dozen requests in one).
+		from := in.Baseline[ep.ID]
+		if jumped[i] != "" {
+			from = ep
+		}
+		capacity[i] = limit(from) * from.RequestRate / from.CPUCores
+		weightSum += float64(ep.CurrentWeight)
 	}
 	safe := targetShares(capacity, ok, DefaultSettings(AlgorithmCapacity).Capacity.PlanningLoadFactor*total)
 	next := make([]float64, len(eps))

@@ -77,7 +77,13 @@ func tailShares(in Input, ok []bool, limit func(Endpoint) float64, totalRate flo
 		// rate: in a quiet Service a slow pod's trickle would otherwise be a large part of the load.
 		lo[gi] = math.Min(p.MinPodRate, minPodShareOfMean*load/float64(countTrue(ok))) * n / load
 		floors += lo[gi]
-		byUtilization := utilizationCeiling(in.Endpoints, g, limit, maxUtilization, load/totalRate) * g.capacity * n / load
+		ceiling := utilizationCeiling(in.Endpoints, g, limit, maxUtilization, load/totalRate)
+		if in.Replan {
+			// The survivors were measured carrying their old share; what they will carry now
+			// was never measured, so the model gets no room beyond the utilization cap.
+			ceiling = maxUtilization / math.Max(1, g.loadScale)
+		}
+		byUtilization := ceiling * g.capacity * n / load
 		byCapacity := shareRatioCeiling(p, load/fleetCapacity) * g.capacity * n / fleetCapacity
 		hi[gi] = math.Max(lo[gi], math.Min(byUtilization, byCapacity))
 	}
