@@ -42,7 +42,7 @@ func costJumped(ep, base Endpoint, windowSeconds float64) bool {
 // pod with itself and with the fleet, so a pod the plan runs hot, one slow by nature, or a load
 // that rose for every pod is not cut for being what it was.
 const (
-	reliefExcess      = 0.1
+	reliefExcess = 0.1
 	// reliefCostJump is the rise of CPU per request that counts as a jump: far beyond the
 	// sampling error of a cost measured over a short window (about 2% for a pod serving 100
 	// requests a second with a request-size CV of 1), and beyond the skew between the CPU and
@@ -52,7 +52,7 @@ const (
 	reliefMinRequests = 500
 	// reliefSteadyLoad is how far the fleet's rate, and the pod's, may have moved since the last
 	// cycle for its CPU per request to be judged.
-	reliefSteadyLoad = 0.15
+	reliefSteadyLoad  = 0.15
 	reliefCPUJump     = 0.1
 	reliefLatencyJump = 3
 	// A relief multiplies a weight by at most reliefFactorMax and at least reliefFactorMin: it
