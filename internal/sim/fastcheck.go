@@ -101,6 +101,14 @@ func (s *simulation) relieved(id int32, t float64) bool {
 	return ok && t-at < restoreAfterRelief
 }
 
+// overloadAnswered reports whether a relief's cut of pod id reached the clients after the start of
+// the cycle's window at t: the window still shows the overload the relief answered.
+func (s *simulation) overloadAnswered(id int32, t float64) bool {
+	at, ok := s.lastCutAt[id]
+	_, visibleTo := s.evalAt(t)
+	return ok && at > visibleTo-s.sc.Controller.Window.Seconds()
+}
+
 // weightCut is one write that lowered a pod's weight.
 type weightCut struct {
 	t  float64

@@ -775,6 +775,7 @@ func (s *simulation) onControl(t float64) error {
 			NodeCPUCores:      s.pods[h].cores,
 			LatencyBuckets:    o.buckets,
 			Relieved:          s.relieved(h, t),
+			OverloadAnswered:  s.overloadAnswered(h, t),
 		})
 		ids = append(ids, h)
 		if o.rateUsable {

@@ -232,7 +232,7 @@ func computeCapacity(in Input, coverage float64, s Settings) Decision {
 	for i, ep := range endpoints {
 		// A relief between cycles answered this pod's overload with fresher data; the window
 		// still shows the queue it had before.
-		overloaded[i] = overloaded[i] && !ep.Relieved
+		overloaded[i] = overloaded[i] && !ep.OverloadAnswered
 	}
 	if !firstStep && !in.Replan && overruled == "" && (coverage < settledCoverage || unsettledLoad) && !hasNew(endpoints, ok) {
 		d := Decision{Endpoints: make([]Result, n), Reason: ReasonWindowUnsettled, ModelDistrust: distrust}

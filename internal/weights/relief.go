@@ -122,16 +122,32 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	}
 	// The median stretch (p99 over cost per request) says how slow a pod of this Service is
 	// when nothing is wrong with it.
-	var stretches []float64
+	stretchOf := func(ep Endpoint) float64 {
+		if ep.LatencyP99Seconds > 0 && finite(ep.LatencyP99Seconds) {
+			return ep.LatencyP99Seconds / (ep.CPUCores / ep.RequestRate)
+		}
+		return 0
+	}
+	var stretches, baseStretches []float64
 	for i, ep := range eps {
-		if ok[i] && ep.LatencyP99Seconds > 0 && finite(ep.LatencyP99Seconds) {
-			stretches = append(stretches, ep.LatencyP99Seconds/(ep.CPUCores/ep.RequestRate))
+		if !ok[i] {
+			continue
+		}
+		if x := stretchOf(ep); x > 0 {
+			stretches = append(stretches, x)
+		}
+		if x := stretchOf(in.Baseline[ep.ID]); x > 0 {
+			baseStretches = append(baseStretches, x)
 		}
 	}
-	medianStretch := 0.0
+	medianStretch, baseMedianStretch := 0.0, 0.0
 	if len(stretches) >= 3 {
 		medianStretch = median(stretches)
 	}
+	if len(baseStretches) >= 3 {
+		baseMedianStretch = median(baseStretches)
+	}
+	ratio := s.Capacity.OverloadLatencyRatio
 	// The fleet's utilization, now and at the last cycle: a pod is relieved for what sets it
 	// apart from the others, not for a load that rose for all (that is the cycle's to plan for).
 	var cpu, lim, baseCPU, baseLim, total, baseTotal float64
@@ -169,9 +185,11 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 			continue
 		}
 		switch {
-		case medianStretch > 0 && s.Capacity.OverloadLatencyRatio > 0 && ep.LatencyP99Seconds > 0 &&
-			ep.LatencyP99Seconds/(ep.CPUCores/ep.RequestRate) > s.Capacity.OverloadLatencyRatio*medianStretch &&
-			(base.LatencyP99Seconds <= 0 || ep.LatencyP99Seconds >= reliefLatencyJump*base.LatencyP99Seconds):
+		// Its latency jumped, or its queue outlived a cycle that left its weight alone: the
+		// last cycle already saw it queue beyond its peers.
+		case medianStretch > 0 && ratio > 0 && stretchOf(ep) > ratio*medianStretch &&
+			(base.LatencyP99Seconds <= 0 || ep.LatencyP99Seconds >= reliefLatencyJump*base.LatencyP99Seconds ||
+				(baseMedianStretch > 0 && stretchOf(base) > ratio*baseMedianStretch)):
 			jumped[i] = fmt.Sprintf("%s: p99 %s, was %s", ep.ID, formatSeconds(ep.LatencyP99Seconds), formatSeconds(base.LatencyP99Seconds))
 			d.Endpoints[i].Reason = ReasonRelievedLatency
 		case u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):

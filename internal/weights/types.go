@@ -58,9 +58,12 @@ type Endpoint struct {
 	LatencyBuckets []LatencyBucket
 	// Relieved marks an endpoint whose weight a relief between cycles (Relieve) cut recently, as
 	// the caller counts it (the operator and the simulator: within restoreAfterRelief of the cut).
-	// The cycle raises its weight by at most reliefRestoreStep per cycle, and does not halve it
-	// again for an overload in a window the relief already answered.
+	// The cycle raises its weight by at most reliefRestoreStep per cycle.
 	Relieved bool
+	// OverloadAnswered marks an endpoint whose weight a relief cut after the window began: the
+	// window still shows the queue the relief answered, so the cycle does not halve the weight
+	// again for it.
+	OverloadAnswered bool
 }
 
 // LatencyBucket is one cumulative histogram bucket.
