@@ -153,7 +153,19 @@ func firstPlanMargin(p TailParams, h LoadHistory) float64 {
 	if !h.Known() {
 		return math.Max(p.BurstMargin, unknownPeakMargin)
 	}
-	return math.Max(p.BurstMargin, math.Min(unknownPeakMargin, h.MaxRise))
+	return math.Max(burstMargin(p, h), math.Min(unknownPeakMargin, h.MaxRise))
+}
+
+// burstMargin is the margin over the recent peak (and the projected rate) the tail algorithm
+// plans with: BurstMargin, or less for a Service whose history shows no rise that large. A
+// margin the load never needed costs the fast pods their share at high load: on three-gens-85
+// (85% of capacity, a flat history) planning at 1.1 times the load gave a p99 of 197 – 209 ms
+// over three seeds, at the load itself 177 – 186 ms.
+func burstMargin(p TailParams, h LoadHistory) float64 {
+	if !h.Known() {
+		return p.BurstMargin
+	}
+	return math.Max(1, math.Min(p.BurstMargin, h.MaxRise))
 }
 
 func formatFactor(f float64) string { return fmt.Sprintf("%.3g×", f) }
