@@ -38,6 +38,8 @@ type benchOptions struct {
 	seeds int
 	// noLag reads every scenario's metrics without lag (--no-metrics-lag).
 	noLag bool
+	// history overrides every scenario's load history (--history); empty keeps each file's.
+	history string
 	// random holds the --random flags; random.scenarios 0 runs the suite.
 	random randomOptions
 }
@@ -115,6 +117,7 @@ scenarios; --keep-worst DIR writes those as scenario files that simulate --scena
 	f.IntVar(&o.seeds, "seeds", 1, fmt.Sprintf("number of consecutive seeds, from each scenario file's own, for a robustness table of tail against least_request and capacity (1 to %d; 1 adds no table)", maxBenchSeeds))
 	f.BoolVar(&o.writeDocs, "write-docs", false, "rewrite "+benchDocsPage+" and the PNGs in "+benchDocsPlots+" of the repository in the current directory")
 	f.BoolVar(&o.noLag, noLagFlag, false, noLagUsage)
+	f.StringVar(&o.history, historyFlag, "", historyUsage)
 	f.IntVar(&o.random.scenarios, "random", 0, fmt.Sprintf("draw this many random scenarios instead of running --suite (up to %d)", maxRandomScenarios))
 	f.Int64Var(&o.random.seed, "seed", 1, "with --random: the series of scenarios to draw")
 	f.StringVar(&o.random.keepWorst, "keep-worst", "", fmt.Sprintf("with --random: directory to write the %d worst scenarios into, as scenario files", randomWorst))
@@ -135,6 +138,9 @@ type benchRow struct {
 	// seedP99 holds, with --seeds above 1, the p99 in ms of each of seedPolicies under each
 	// seed of the sweep, in seed order; only the p99 is kept so memory stays that of one seed.
 	seedP99 []map[string]float64
+	// seedReactions holds tail's reactions to the scenario's slowdowns under each seed of the
+	// sweep (the seed s run alone without --seeds).
+	seedReactions [][]sim.Reaction
 	// firstSeed is the seed in the scenario's file, the sweep's first.
 	firstSeed int64
 }
@@ -187,6 +193,9 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 		if o.noLag {
 			sc.Controller.Metrics = sim.NoMetricsLag()
 		}
+		if err := overrideHistory(sc, o.history); err != nil {
+			return err
+		}
 		fmt.Fprintf(stderr, "bench: %s\n", sc.Name)
 		results, err := runPolicies(sc, o.policies, false, stderr)
 		if err != nil {
@@ -202,11 +211,14 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 				return fmt.Errorf("static split search on %s: %w", sc.Name, err)
 			}
 		}
+		row.firstSeed = sc.Seed
+		if r, ok := row.results[sim.PolicyTail]; ok {
+			row.seedReactions = [][]sim.Reaction{r.Reactions}
+		}
 		if o.seeds > 1 {
-			if row.seedP99, err = o.sweepSeeds(sc, results, stderr); err != nil {
+			if row.seedP99, row.seedReactions, err = o.sweepSeeds(sc, results, stderr); err != nil {
 				return err
 			}
-			row.firstSeed = sc.Seed
 		}
 		rows = append(rows, row)
 		if o.plots != "" {
@@ -230,8 +242,9 @@ func (o *benchOptions) run(stdout, stderr io.Writer) error {
 
 // sweepSeeds runs seedPolicies on sc under o.seeds consecutive seeds from sc.Seed and keeps each
 // run's p99. Under sc.Seed itself it reuses the main table's runs of the policies it has.
-func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stderr io.Writer) ([]map[string]float64, error) {
+func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stderr io.Writer) ([]map[string]float64, [][]sim.Reaction, error) {
 	p99s := make([]map[string]float64, o.seeds)
+	reactions := make([][]sim.Reaction, o.seeds)
 	for k := range o.seeds {
 		p99s[k] = map[string]float64{}
 		var missing []string
@@ -239,6 +252,9 @@ func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stde
 			i := slices.Index(o.policies, p)
 			if k == 0 && i >= 0 {
 				p99s[k][p] = seedRuns[i].Latency.P99
+				if p == sim.PolicyTail {
+					reactions[k] = seedRuns[i].Reactions
+				}
 			} else {
 				missing = append(missing, p)
 			}
@@ -251,20 +267,27 @@ func (o *benchOptions) sweepSeeds(sc *sim.Scenario, seedRuns []*sim.Result, stde
 		fmt.Fprintf(stderr, "bench: %s: seed %d\n", sc.Name, seeded.Seed)
 		results, err := runPolicies(&seeded, missing, false, stderr)
 		if err != nil {
-			return nil, fmt.Errorf("%s under seed %d: %w", sc.Name, seeded.Seed, err)
+			return nil, nil, fmt.Errorf("%s under seed %d: %w", sc.Name, seeded.Seed, err)
 		}
 		for _, r := range results {
 			p99s[k][r.Policy] = r.Latency.P99
+			if r.Policy == sim.PolicyTail {
+				reactions[k] = r.Reactions
+			}
 		}
 	}
-	return p99s, nil
+	return p99s, reactions, nil
 }
 
 func (o *benchOptions) markdown(rows []benchRow) string {
 	var b strings.Builder
-	lagFlag, lag := "", "each file's metrics lag, by default a 15 s scrape read 30 s in the past"
+	lagFlag, lag := "", "each file's metrics lag, by default a 15 s scrape, adaptive-lb reading the newest data (ingested 4 s after each scrape) and the published operator's rules 30 s in the past"
 	if o.noLag {
 		lagFlag, lag = " --"+noLagFlag, "no metrics lag"
+	}
+	if o.history != "" {
+		lagFlag += " --" + historyFlag + " " + o.history
+		lag += "; every scenario's load history " + o.history
 	}
 	if o.seeds > 1 {
 		fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --write-docs --seeds %d%s` (suite `%s`, seed of each scenario file; %s; the robustness table at the end adds the next %d seeds).\n\n", o.seeds, lagFlag, o.suite, lag, o.seeds-1)
@@ -336,6 +359,7 @@ func (o *benchOptions) markdown(rows []benchRow) string {
 	if o.seeds > 1 {
 		b.WriteString(seedTable(rows, o.seeds))
 	}
+	b.WriteString(reactionTable(rows, o.policies))
 	return b.String()
 }
 

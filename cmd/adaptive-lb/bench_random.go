@@ -84,6 +84,9 @@ func (o *benchOptions) runRandom(stdout, stderr io.Writer) error {
 		if o.noLag {
 			d.Scenario.Controller.Metrics = sim.NoMetricsLag()
 		}
+		if err := overrideHistory(d.Scenario, o.history); err != nil {
+			return err
+		}
 		cases[i] = randomCase{index: i, drawn: d, p99: make([]map[string]float64, o.seeds), writes: make([]int, o.seeds)}
 		for k := range cases[i].p99 {
 			cases[i].p99[k] = map[string]float64{}
@@ -214,6 +217,10 @@ func (o *benchOptions) randomReport(cases []randomCase, worst []*randomCase, fil
 	flag := ""
 	if o.noLag {
 		lag, flag = "no metrics lag", " --"+noLagFlag
+	}
+	if o.history != "" {
+		flag += " --" + historyFlag + " " + o.history
+		lag += "; every scenario's load history " + o.history
 	}
 	fmt.Fprintf(&b, "Reproduce with `go run ./cmd/adaptive-lb bench --random %d --seed %d --seeds %d%s` (%d scenarios drawn as docs/benchmarks.md describes, each under its own seed s to s+%d; %s; policies %s).\n\n",
 		r.scenarios, r.seed, o.seeds, flag, r.scenarios, o.seeds-1, lag, strings.Join(randomPolicies, ", "))

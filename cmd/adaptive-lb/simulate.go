@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ type simulateOptions struct {
 	export       exportOptions
 	whatIf       whatIfOptions
 	noLag        bool
+	history      string
 
 	// seedSet and policiesSet: the flags were given (a what-if keeps its own defaults otherwise).
 	seedSet, policiesSet bool
@@ -94,6 +96,7 @@ least_request, capacity, tail and cpu-share on the window's load, with advice.`,
 	o.export.addFlags(f)
 	o.whatIf.addFlags(f)
 	f.BoolVar(&o.noLag, noLagFlag, false, noLagUsage)
+	f.StringVar(&o.history, historyFlag, "", historyUsage)
 	return cmd
 }
 
@@ -136,6 +139,9 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 	}
 	if o.noLag {
 		o.scenario.Controller.Metrics = sim.NoMetricsLag()
+	}
+	if err := overrideHistory(o.scenario, o.history); err != nil {
+		return err
 	}
 	if !cmd.Flags().Changed("progress") {
 		o.progress = isTerminal(os.Stderr)
@@ -239,19 +245,38 @@ func runPoliciesRecorded(sc *sim.Scenario, policies []string, progress bool, std
 // The flag that turns the metrics lag off, shared by simulate and bench.
 const (
 	noLagFlag  = "no-metrics-lag"
-	noLagUsage = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape and 30s latency offset)"
+	noLagUsage = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape, adaptive-lb reading the newest data, ingested 4s after each scrape, and the published operator's rules 30s in the past)"
+	historyFlag  = "history"
+	historyUsage = "the load history the controller learns its caution from, for every scenario: same (its past days had the run's load shape), steady (its load never rose) or none (a new Service); default: each scenario's load.history, same unless set"
 )
+
+// overrideHistory sets every scenario's load history to h, when h is set.
+func overrideHistory(sc *sim.Scenario, h string) error {
+	if h == "" {
+		return nil
+	}
+	if !slices.Contains([]string{sim.HistorySame, sim.HistorySteady, sim.HistoryNone}, h) {
+		return newUsageError("--%s %q: give same, steady or none", historyFlag, h)
+	}
+	sc.Load.History = h
+	return nil
+}
 
 // describeLag says how the controller reads its metrics, for a table's header.
 func describeLag(m sim.Metrics) string {
 	if m.Lagless() {
 		return "metrics without lag"
 	}
-	s := fmt.Sprintf("metrics scraped every %v, read %v in the past", m.ScrapeInterval.Duration, m.LatencyOffset.Duration)
-	if m.IngestionDelay.Duration > 0 {
-		s += fmt.Sprintf(", ingested after %v", m.IngestionDelay.Duration)
+	s := fmt.Sprintf("metrics scraped every %v", m.ScrapeInterval.Duration)
+	if q := m.QueryLatencyOffset.Duration; q == 0 {
+		s += ", adaptive-lb reading the newest data"
+	} else {
+		s += fmt.Sprintf(", adaptive-lb reading %v in the past", q)
 	}
-	return s
+	if m.IngestionDelay.Duration > 0 {
+		s += fmt.Sprintf(" (ingested %v after each scrape)", m.IngestionDelay.Duration)
+	}
+	return s + fmt.Sprintf(", the published rules %v in the past", m.LatencyOffset.Duration)
 }
 
 func printResults(w io.Writer, sc *sim.Scenario, results []*sim.Result) error {
