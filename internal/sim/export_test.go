@@ -21,6 +21,8 @@ warmup: 0s
 seed: 3
 load: {rps: 300}
 clients: {proxies: 5, workers: 2, network_latency: 4ms}
+# Searchable at once, so that the one cycle of the minute sees every pod's two scrapes.
+controller: {metrics: {ingestion_delay: 0s}}
 pods:
   - {name: fast, replicas: 2, workers: 4, cores: 4, cpu_limit: 1, cost: {mean: 5ms, dist: lognormal, cv: 0.6}}
   - {name: slow, replicas: 1, workers: 4, cores: 8, cpu_limit: 2, speed: 0.5, cost: {mean: 5ms, dist: lognormal, cv: 0.6}}

@@ -156,6 +156,8 @@ type simulation struct {
 	pendingAnswers map[uint32][]int32
 	pendingRelief  map[uint32]string
 	cuts           []weightCut
+	// started: a cycle has seen every pod of the initial fleet (onControl).
+	started bool
 	// known marks the pods whose weight came from their own metrics in an earlier cycle, as the
 	// operator's planner counts them (cycle.Target.Known).
 	known map[string]bool
@@ -263,6 +265,14 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 				return nil, fmt.Errorf("static weights: pod group %q needs a weight of at least 1", sc.Pods[s.pods[id].group].Name)
 			}
 			s.weightOf[id] = w
+		}
+		s.logWeights(0, "")
+	}
+	if policy == PolicyCapacity || policy == PolicyTail {
+		// The operator's mirror writes every endpoint at the equal weight before any cycle:
+		// a membership write, not a weight write. Envoy balances equal weights as unweighted.
+		for _, id := range s.hosts {
+			s.weightOf[id] = s.settings.EqualWeight()
 		}
 		s.logWeights(0, "")
 	}
@@ -747,23 +757,12 @@ func (s *simulation) markWarm(t float64) {
 const publishedStartWeight = 1000
 
 func (s *simulation) onControl(t float64) error {
-	if t < s.sc.Controller.Window.Seconds() {
-		// The operator starts on pods that have run for a while: the TSDB holds a whole window
-		// of each. The simulated fleet starts at 0 with none, and a cycle that read a part of a
-		// window would see only the pods whose scrapes happened to fall in it.
-		return nil
-	}
 	eps := make([]weights.Endpoint, 0, len(s.hosts))
 	ids := make([]int32, 0, len(s.hosts))
 	serviceRate, rateObserved := 0.0, false
 	for _, h := range s.hosts {
 		o := s.observe(s.pods[h], t)
 		cur := s.writtenWeight(h)
-		if len(s.weightOf) == 0 {
-			// Unweighted: the operator's mirror writes every endpoint at the equal weight, which
-			// Envoy balances exactly as its default of 1.
-			cur = s.settings.EqualWeight()
-		}
 		eps = append(eps, weights.Endpoint{
 			ID:                s.pods[h].name,
 			CPUCores:          o.cpu,
@@ -782,6 +781,18 @@ func (s *simulation) onControl(t float64) error {
 			serviceRate += o.rps
 			rateObserved = true
 		}
+	}
+	if !s.started {
+		// The operator starts on pods that have run for a while: the TSDB holds their rates. The
+		// simulated fleet starts at 0 with none, and a cycle that read only the pods whose first
+		// scrapes happened to fall early would plan the others blind: the controller starts at
+		// the first cycle that sees every pod of the fleet it started with.
+		for i, h := range ids {
+			if s.pods[h].born == 0 && !eps[i].HasMetrics {
+				return nil
+			}
+		}
+		s.started = true
 	}
 	s.lastObserved = make(map[int32]weights.Endpoint, len(ids))
 	for i, h := range ids {

@@ -325,13 +325,13 @@ func (s *Scenario) applyDefaults() {
 		s.Controller.Metrics.IngestionDelay = &Duration{DefaultIngestionDelay}
 	}
 	if s.Controller.FastCheckWindow.Duration == 0 {
-		s.Controller.FastCheckWindow.Duration = 2 * s.Controller.Metrics.ScrapeInterval.Duration
+		s.Controller.FastCheckWindow.Duration = min(2*s.Controller.Metrics.ScrapeInterval.Duration, s.Controller.Window.Duration)
 	}
 	if s.Controller.FastCheckInterval == nil {
 		// Checking more often than the TSDB gets new samples reads the same data again; checking
 		// data half a minute old would relieve a pod after the damage.
 		iv := time.Duration(0)
-		if s.Controller.Metrics.QueryLatencyOffset.Duration < s.Controller.Metrics.ScrapeInterval.Duration {
+		if m := s.Controller.Metrics; m.QueryLatencyOffset.Duration < m.ScrapeInterval.Duration && m.ScrapeInterval.Duration < s.Controller.Interval.Duration {
 			iv = s.Controller.Metrics.ScrapeInterval.Duration
 		}
 		s.Controller.FastCheckInterval = &Duration{iv}

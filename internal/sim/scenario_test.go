@@ -121,8 +121,14 @@ func TestParseScenario_FillsDefaults(t *testing.T) {
 	if sc.Controller.Window.Duration != 2*sc.Controller.Interval.Duration {
 		t.Fatalf("window default %v, want twice the interval", sc.Controller.Window.Duration)
 	}
-	if m := sc.Controller.Metrics; m.ScrapeInterval.Duration != 15*time.Second || m.LatencyOffset.Duration != 30*time.Second || m.IngestionDelay.Duration != 0 {
-		t.Fatalf("metrics defaults %v / %v / %v, want a stock install's 15s scrape, 30s latency offset and no ingestion delay", m.ScrapeInterval, m.LatencyOffset, m.IngestionDelay)
+	if m := sc.Controller.Metrics; m.ScrapeInterval.Duration != 15*time.Second || m.LatencyOffset.Duration != 30*time.Second || m.QueryLatencyOffset.Duration != 0 || m.IngestionDelay.Duration != DefaultIngestionDelay {
+		t.Fatalf("metrics defaults %v / %v / %v / %v, want a stock install's 15s scrape and 30s latency offset, adaptive-lb asking for the newest data, ingested %v after the scrape", m.ScrapeInterval, m.LatencyOffset, m.QueryLatencyOffset, m.IngestionDelay, DefaultIngestionDelay)
+	}
+	if c := sc.Controller; c.FastCheckInterval.Duration != 15*time.Second || c.FastCheckWindow.Duration != 30*time.Second {
+		t.Fatalf("fast check defaults every %v over %v, want every scrape interval (15s) over two (30s)", c.FastCheckInterval, c.FastCheckWindow)
+	}
+	if sc.Load.History != HistorySame {
+		t.Fatalf("load history default %q, want %q", sc.Load.History, HistorySame)
 	}
 }
 
@@ -140,7 +146,7 @@ func TestParseScenario_MetricsLag(t *testing.T) {
 		t.Fatalf("a 10s window scrapes every %v, want 10s", m.ScrapeInterval)
 	}
 	// A latency offset of 0 is kept, not replaced by the default: it is how lag is turned off.
-	if m := parse("{metrics: {scrape_interval: 1s, latency_offset: 0s}}"); !m.Lagless() {
+	if m := parse("{metrics: {scrape_interval: 1s, latency_offset: 0s, ingestion_delay: 0s}}"); !m.Lagless() {
 		t.Fatalf("scrape 1s and offset 0s read %+v, want no lag", m)
 	}
 	if m := parse("{metrics: {latency_offset: 5s}}"); m.Lagless() || m.LatencyOffset.Duration != 5*time.Second || m.ScrapeInterval.Duration != 15*time.Second {

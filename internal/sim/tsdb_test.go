@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 // arrivals, read through the given controller interval and metrics setting.
 func lagScenario(t *testing.T, interval time.Duration, metrics string, events string) *Scenario {
 	t.Helper()
+	if !strings.Contains(metrics, "ingestion_delay") {
+		// These tests are about the offset and the scrapes: samples searchable at once.
+		metrics = strings.Replace(metrics, "{", "{ingestion_delay: 0s, ", 1)
+	}
 	src := `
 name: lag
 duration: 160s
@@ -136,7 +141,9 @@ func TestObserve_StaleSamplesGiveNoMetrics(t *testing.T) {
 func TestWindowCoverage_CountsFromTheEvaluationTimeNotFromNow(t *testing.T) {
 	sc := lagScenario(t, 30*time.Second, "{scrape_interval: 5s, latency_offset: 30s}", "")
 	sc.Controller.Window.Duration = 60 * time.Second
-	s := &simulation{sc: sc}
+	// The published operator's rule reads at the TSDB's latency offset, as every controller did
+	// before adaptive-lb asked for the newest data.
+	s := &simulation{sc: sc, policy: PolicyCPUDistance}
 	if got := s.windowCoverage(10); got != 1 {
 		t.Fatalf("coverage before any write = %v, want 1", got)
 	}

@@ -87,7 +87,9 @@ func TestTail_KeepsEveryPodMeasurable(t *testing.T) {
 }
 
 func TestTail_PlansForTheRecentPeak(t *testing.T) {
-	s := DefaultSettings(AlgorithmTail)
+	// Without the surge bound: with it, both loads would be past 1/SurgeFactor of the capacity,
+	// where the split is the capacity algorithm's for the surge, whatever the peak.
+	s := noSurgeBound()
 	quiet, err := Compute(Input{Endpoints: seedFleet(100), WindowSeconds: 60, RecentPeakRequestRate: 1500}, s)
 	if err != nil {
 		t.Fatal(err)
@@ -257,8 +259,9 @@ func TestTail_TheSurgeBoundNarrowsTheSplitAtLowLoad(t *testing.T) {
 
 // From a planning load of 1/SurgeFactor of the fleet's capacity the surge bound leaves the model
 // no choice (every group at its capacity share): the engine takes the capacity algorithm's
-// square-root split at the planning load, and says so, whatever the lattice's rounding.
-func TestTail_FromTheSurgeBoundOnTheSplitIsTheCapacityAlgorithms(t *testing.T) {
+// square-root split for the load the bound must carry, SurgeFactor times the planning load (here
+// beyond the fleet's capacity: the split proportional to capacity), and says so.
+func TestTail_FromTheSurgeBoundOnTheSplitIsTheCapacitySplitForTheSurge(t *testing.T) {
 	s := DefaultSettings(AlgorithmTail)
 	fastCapacity, slowCapacity := 2/0.0029, 2/0.0076
 	fleetCapacity := 3*fastCapacity + 9*slowCapacity
@@ -282,7 +285,7 @@ func TestTail_FromTheSurgeBoundOnTheSplitIsTheCapacityAlgorithms(t *testing.T) {
 				capacity[i] = fastCapacity
 			}
 		}
-		want := 3 * targetShares(capacity, ok, planningLoad(in, 1500, s))[0]
+		want := 3 * targetShares(capacity, ok, s.Tail.SurgeFactor*planningLoad(in, 1500, s))[0]
 		if got := 3 * shareOf(d, "fast-0"); math.Abs(got-want) > 0.01 {
 			t.Errorf("peak %v rps: fast pods get %.3f of the weight, want the square-root split's %.3f: %v", peak, got, want, weightsOf(d))
 		}
