@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"time"
 
@@ -46,8 +47,14 @@ func NewInformerProgress(cfg progress.Config) *progress.Tracker {
 // client of their own, built from cfg, whose transport records their progress. Other requests
 // (writes, uncached reads) do not pass through it.
 func WithProgress(opts cache.Options, cfg *rest.Config, tracker *progress.Tracker) (cache.Options, error) {
+	// The API server may be served under a path (Rancher's /k8s/clusters/<id>): the tracker
+	// must find the resource after it.
+	server, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return opts, fmt.Errorf("read the API server's URL %q: %w", cfg.Host, err)
+	}
 	informerCfg := rest.CopyConfig(cfg)
-	informerCfg.Wrap(tracker.Wrap)
+	informerCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return tracker.WrapUnder(server.Path, rt) })
 	httpClient, err := rest.HTTPClientFor(informerCfg)
 	if err != nil {
 		return opts, fmt.Errorf("build the informers' HTTP client: %w", err)

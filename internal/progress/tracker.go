@@ -182,22 +182,30 @@ func (t *Tracker) Run(ctx context.Context) {
 	}
 }
 
-// Wrap returns a transport that records the informers' requests sent through next. Only lists
-// and watches (GETs of a collection) are recorded: an informer sends nothing else.
+// Wrap returns a transport that records the informers' requests sent through next, to an API
+// server served at the root of its URL. Only lists and watches (GETs of a collection) are
+// recorded: an informer sends nothing else.
 func (t *Tracker) Wrap(next http.RoundTripper) http.RoundTripper {
-	return &transport{t: t, next: next}
+	return t.WrapUnder("", next)
+}
+
+// WrapUnder is Wrap for an API server served under pathPrefix: the path of its URL before /api
+// and /apis, such as Rancher's /k8s/clusters/<cluster id>.
+func (t *Tracker) WrapUnder(pathPrefix string, next http.RoundTripper) http.RoundTripper {
+	return &transport{t: t, next: next, prefix: strings.TrimSuffix(pathPrefix, "/")}
 }
 
 type transport struct {
-	t    *Tracker
-	next http.RoundTripper
+	t      *Tracker
+	next   http.RoundTripper
+	prefix string
 }
 
 // errCut fails a list or watch cut before the API server answered.
 var errCut = errors.New("adaptive-lb cut this list or watch: the API server sent nothing for longer than its bookmark period allows")
 
 func (rt *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	key, resource, ok := informerKey(req)
+	key, resource, ok := informerKey(req, rt.prefix)
 	if !ok {
 		return rt.next.RoundTrip(req)
 	}
@@ -343,13 +351,18 @@ func (t *Tracker) describe(resp *http.Response) string {
 }
 
 // informerKey names the informer a request belongs to: the resource, group and namespace of a
-// GET of a collection (a list or a watch), e.g. "endpointslices.discovery.k8s.io in shop", and
-// the resource alone ("endpointslices.discovery.k8s.io"). It returns false for any other request.
-func informerKey(req *http.Request) (key, resource string, ok bool) {
+// GET of a collection (a list or a watch) under prefix, e.g. "endpointslices.discovery.k8s.io
+// in shop", and the resource alone ("endpointslices.discovery.k8s.io"). It returns false for
+// any other request.
+func informerKey(req *http.Request, prefix string) (key, resource string, ok bool) {
 	if req.Method != http.MethodGet {
 		return "", "", false
 	}
-	parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+	path, ok := strings.CutPrefix(req.URL.Path, prefix+"/")
+	if !ok {
+		return "", "", false
+	}
+	parts := strings.Split(strings.Trim(path, "/"), "/")
 	var group string
 	var rest []string
 	switch {
