@@ -492,18 +492,24 @@ func (r *AdaptiveLoadBalancerReconciler) tooLarge(ctx context.Context, alb *adlb
 // desiredServiceEntry is what the mirror writes to one slice: its name, its spec, and the
 // operator's record of the weights it applied to the slice's endpoints (applied.go).
 type desiredServiceEntry struct {
-	name    string
-	spec    *apinetworkingv1.ServiceEntry
-	applied appliedWeights
+	name string
+	// owner and service are the AdaptiveLoadBalancer's and its target's names, which the slice
+	// carries as labels (stampLabels): the stale removal and the watchdog find slices by them.
+	owner, service string
+	spec           *apinetworkingv1.ServiceEntry
+	applied        appliedWeights
 	// replannedAt, when set, is the time of the re-plan this write carries; otherwise the
 	// ServiceEntry keeps the time of its last re-plan.
 	replannedAt time.Time
 }
 
 // upToDate reports whether the ServiceEntry already has the desired spec and record, and is
-// marked as ours, and not as another installation's (installLabelCurrent).
+// marked as ours, with every label the operator stamps (a stripped one is put back: the stale
+// removal and the watchdog find slices by them), and not as another installation's
+// (installLabelCurrent).
 func (r *AdaptiveLoadBalancerReconciler) upToDate(se *networkingv1.ServiceEntry, want desiredServiceEntry) bool {
 	return proto.Equal(&se.Spec, want.spec) && se.Labels[ManagedByLabel] == ManagedByValue &&
+		se.Labels[ServiceEntryOwnerLabel] == want.owner && se.Labels[ServiceLabel] == want.service &&
 		installLabelCurrent(se.Labels, r.InstallID) && recordCurrent(se, want.applied) &&
 		(want.replannedAt.IsZero() || replannedAt(se).Equal(want.replannedAt))
 }
