@@ -910,9 +910,16 @@ func weightsEnforcedCondition(o mirrorOutcome, gen int64) *metav1.Condition {
 	case o.reason == adlbv1.ReasonWriteFailed || o.keepEndpoints:
 		return nil
 	default:
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry, "no ServiceEntry to weight; see EndpointsMirrored"
+		none := noServiceEntryEnforced(gen)
+		return &none
 	}
 	return c
+}
+
+// noServiceEntryEnforced is WeightsEnforced while there is no ServiceEntry to carry weights.
+func noServiceEntryEnforced(gen int64) metav1.Condition {
+	return metav1.Condition{Type: adlbv1.ConditionWeightsEnforced, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonNoServiceEntry,
+		Message: "no ServiceEntry to weight; see EndpointsMirrored", ObservedGeneration: gen}
 }
 
 // modeOnlyReason reports whether a WeightsApplied reason follows from the mode alone.
