@@ -111,4 +111,3 @@ func TestWeightCycle_AWeightWriteThatFailsPartWayReportsTheSlicesItWrote(t *test
 		t.Errorf("the cycle after the part-way write decided %s (%s); want %q: its window is mixed", o.Action, o.Decision.Reason, weights.ReasonWindowUnsettled)
 	}
 }
-
