@@ -19,8 +19,13 @@ import (
 )
 
 // mirrorInformers are the informers the mirror reads: when one of them stops following the
-// cluster, the ServiceEntries it writes no longer follow the endpoints. Others (DestinationRules,
-// read by the weight cycle for warm-up) change weights, not membership.
+// cluster, the ServiceEntries it writes no longer follow the endpoints, or the mesh. The mesh
+// facts are among them (meshfacts.go): every Service's namespace labels (ambient mode, waypoint,
+// istiod's network), istiod's ConfigMap (visibility, meshNetworks: several clusters) and, unless
+// --istio-version says it, istiod's Deployments (its version, which ambient Services need).
+// Frozen, they would let a refusal stand that no longer applies or, worse, miss one that does.
+// Others (DestinationRules, read by the weight cycle for warm-up) change weights, not what the
+// mirror writes.
 var mirrorInformers = []string{
 	"adaptiveloadbalancers.adaptivelb.io",
 	"services",
@@ -28,6 +33,9 @@ var mirrorInformers = []string{
 	"pods",
 	"nodes",
 	"serviceentries.networking.istio.io",
+	"namespaces",
+	"configmaps",
+	"deployments.apps",
 }
 
 // NewInformerProgress returns a tracker for the operator's informers with cfg, describing a

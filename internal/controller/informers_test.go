@@ -246,7 +246,10 @@ func (c *isolatedCluster) keepBusy() {
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "busy-node"}},
 	}
 	busy.slice("busy", "busy-x", ready("busy", "10.59.0.1"))
+	// Someone else's ServiceEntry: one labelled as the operator's, without an owner, is an
+	// orphan the operator deletes at once, and its informer would then get nothing.
 	se := sizedServiceEntry(busy.ns, "busy", 1)
+	se.Labels = nil
 	busy.create(se)
 	objs = append(objs, se, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: busy.ns, Name: "busy-x"}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: busy.ns}})

@@ -171,7 +171,13 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 			return err
 		}
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr)
+	if r.Mesh.IstioVersion == "" {
+		// istiod's version from its Deployments; declared, nothing reads them, and no informer
+		// runs that could go blind.
+		b = b.WatchesMetadata(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged()))
+	}
+	return b.
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
@@ -186,10 +192,9 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
 		WatchesRawSource(source.Channel(informerChanges, handler.EnqueueRequestsFromMapFunc(r.every))).
 		// The mesh facts (meshfacts.go): a namespace's labels (ambient, waypoint, and istiod's
-		// network), istiod's ConfigMap and Deployments.
+		// network), istiod's ConfigMap (and Deployments, above).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.forNamespace), builder.WithPredicates(labelsChanged())).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject)).
-		WatchesMetadata(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
