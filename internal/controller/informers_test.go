@@ -122,6 +122,7 @@ func (b *wedgedBody) Close() error { return b.real.Close() }
 type isolatedCluster struct {
 	*fixture
 	wedge     *wedge
+	bookmarks *bookmarkCounter
 	tracker   *progress.Tracker
 	heartbeat types.NamespacedName
 }
@@ -181,7 +182,8 @@ func newIsolatedClusterWith(t *testing.T, o isolatedOptions) *isolatedCluster {
 	c := &isolatedCluster{fixture: newFixtureOn(t, admin), tracker: NewInformerProgress(limits)}
 	opCfg := rest.CopyConfig(cfg)
 	opCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		c.wedge = &wedge{next: rt, resource: o.wedged}
+		c.bookmarks = &bookmarkCounter{next: rt}
+		c.wedge = &wedge{next: c.bookmarks, resource: o.wedged}
 		return c.wedge
 	}
 	cacheOpts, err := WithProgress(CacheOptions(), opCfg, c.tracker)

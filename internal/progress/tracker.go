@@ -46,10 +46,15 @@ type Config struct {
 	Describe func(status int, contentType string, body []byte) string
 }
 
-// DefaultConfig: kube-apiserver sends a bookmark to every watch each minute, so 90 s of silence
-// means a wedged stream; the watch that replaces a cut one has its first bookmark within a minute,
-// so 3 min without progress means the informer no longer gets data; a failure not repaired by the
-// informer's first retries (0.8 s, 1.6 s, 3.2 s) within 5 s is more than a blip.
+// DefaultConfig: kube-apiserver sends a watch resumed from a resourceVersion a bookmark each
+// minute, also when nothing of its resource changes, so 90 s of silence there means a wedged
+// stream. The informer's first watch, a watch-list that begins with the objects, gets no further
+// bookmark while nothing of its resource changes (TestInformers_AQuietClusterIsNotTakenForABlindOne
+// found it on a quiet cluster): it is cut after 90 s too, and the watch that resumes from its
+// resourceVersion has its first bookmark within a minute. So at most 90 s, a tick of the cut and a
+// minute pass without data, and 3 min without progress means the informer no longer gets data; a
+// failure not repaired by the informer's first retries (0.8 s, 1.6 s, 3.2 s) within 5 s is more
+// than a blip.
 func DefaultConfig() Config {
 	return Config{SilenceLimit: 90 * time.Second, BlindAfter: 3 * time.Minute, ErrorGrace: 5 * time.Second}
 }

@@ -75,7 +75,11 @@ func JudgeClusters(mode MultiClusterMode, meshNetworks string, remote RemoteClus
 	sort.Strings(istiods)
 	for _, pod := range istiods {
 		if n := remote.ByIstiod[pod]; n != 0 {
-			out.Several = append(out.Several, fmt.Sprintf("istiod %s reads %g remote clusters (istiod_managed_clusters in the TSDB)", pod, n))
+			clusters := "clusters"
+			if n == 1 {
+				clusters = "cluster"
+			}
+			out.Several = append(out.Several, fmt.Sprintf("istiod %s reads %g remote %s (istiod_managed_clusters in the TSDB)", pod, n, clusters))
 		}
 	}
 	switch {
