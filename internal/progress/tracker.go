@@ -141,7 +141,7 @@ func (t *Tracker) Blind() []Blindness {
 			out = append(out, Blindness{Informer: key, Resource: inf.resource, Since: inf.errorSince, Cause: inf.lastError})
 		case now.Sub(last) >= t.cfg.BlindAfter:
 			out = append(out, Blindness{Informer: key, Resource: inf.resource, Since: last, Cause: fmt.Sprintf(
-				"nothing received for longer than %v (no list completed, no event and no bookmark on its watch, though the API server sends one every minute)",
+				"nothing received for longer than %v (no list completed, no event and no bookmark on its watch, though the API server sends a resumed watch one every minute and a silent watch is resumed)",
 				t.cfg.BlindAfter)})
 		}
 	}
