@@ -34,10 +34,11 @@ const (
 	// ServiceEntry declares the Service's host for the same clients (istiod would list its
 	// copies of the pods first, shadowing the weights); no ServiceEntry is written.
 	ReasonConflict = "Conflict"
-	// ReasonMultiCluster: the mesh spans several clusters (istiod's remote secrets, mesh
-	// networks of several registries). istiod merges the other clusters' pods of the Service
-	// beside the weighted ones at weight 1, so weights would move traffic between clusters; no
-	// ServiceEntry is written.
+	// ReasonMultiCluster: the mesh spans several clusters (istiod's own count of its remote
+	// clusters, mesh networks of several registries, the operator told so), or the operator
+	// cannot tell (no count from the TSDB and not told single-cluster). istiod merges the other
+	// clusters' pods of the Service beside the weighted ones at weight 1, so weights would move
+	// traffic between clusters; no ServiceEntry is written.
 	ReasonMultiCluster = "MultiCluster"
 	// ReasonAmbientUnsupportedIstioVersion: the Service is in ambient mode and istiod is older
 	// than 1.28.1 (1.29.0 on its line), or its version is unknown: it would give ztunnel a

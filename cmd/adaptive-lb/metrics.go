@@ -40,6 +40,7 @@ type metricsSourceFlags struct {
 	labelContainer            string
 	queryCPU, queryRPS        string
 	queryErrors, queryLatency string
+	queryRemoteClusters       string
 	// latencyHistogram is set by run's --tsdb-latency-histogram; metrics check discovers pods
 	// and sends no histogram query.
 	latencyHistogram bool
@@ -72,6 +73,7 @@ func addMetricsSourceFlags(fs *pflag.FlagSet, prefix, urlNote string) *metricsSo
 	fs.StringVar(&f.queryRPS, prefix+"query-request-rate", "", "Go template replacing the default request-rate query")
 	fs.StringVar(&f.queryErrors, prefix+"query-error-rate", "", "Go template replacing the default error-rate query")
 	fs.StringVar(&f.queryLatency, prefix+"query-latency-p99", "", "Go template replacing the default p99 latency query (seconds)")
+	fs.StringVar(&f.queryRemoteClusters, prefix+"query-remote-clusters", "", "Go template replacing the query of istiod's count of its remote clusters (istiod_managed_clusters), e.g. to add the cluster label of a TSDB shared by several clusters")
 	return f
 }
 
@@ -89,6 +91,7 @@ func (f *metricsSourceFlags) config() (metrics.Config, error) {
 		},
 		Labels:                  metrics.Labels{Namespace: f.labelNamespace, Pod: f.labelPod, Container: f.labelContainer},
 		Queries:                 metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
+		RemoteClustersQuery:     f.queryRemoteClusters,
 		DisableLatencyHistogram: !f.latencyHistogram,
 	}
 	offset, err := metrics.ParseLatencyOffset(f.latencyOffset)
@@ -121,6 +124,8 @@ type metricsCheckOptions struct {
 	at         string
 	cfg        metrics.Config
 	now        time.Time
+	// istioNamespace is where istiod's pods are found in the TSDB.
+	istioNamespace string
 }
 
 func newMetricsCheckCmd() *cobra.Command {
@@ -173,7 +178,27 @@ with status 2 on invalid flags.`,
 	cmd.Flags().DurationVar(&o.window, "window", time.Minute, "rate window of the queries")
 	cmd.Flags().StringVar(&o.at, "at", "", "evaluation time, RFC 3339 (default: now); sample ages and freshness are relative to it")
 	cmd.Flags().DurationVar(&o.interval, "interval", 30*time.Second, "operator cycle interval; samples older than twice this are stale")
+	cmd.Flags().StringVar(&o.istioNamespace, "istio-namespace", "istio-system", "istiod's namespace, whose count of its remote clusters is shown")
 	return cmd
+}
+
+// printRemoteClusters shows istiod's count of its remote clusters, from which the operator
+// (--mesh-multi-cluster=auto, its default) tells a mesh of one cluster: without it, it refuses
+// every Service. It does not change the exit status: the weights do not need it.
+func printRemoteClusters(ctx context.Context, out io.Writer, src metrics.Source, now time.Time, namespace string) {
+	counter, ok := src.(metrics.RemoteClusterCounter)
+	if !ok {
+		return
+	}
+	fmt.Fprintf(out, "\nistiod's count of its remote clusters (istiod_managed_clusters{cluster_type=\"remote\"}), which --mesh-multi-cluster=auto needs:\n")
+	count, err := counter.RemoteClusters(ctx, now, namespace)
+	if err != nil {
+		fmt.Fprintf(out, "  cannot be read: %v\n  The operator refuses every Service (MultiCluster) unless the TSDB scrapes istiod's metrics (port 15014), or, for a mesh of this cluster alone, it runs with --mesh-multi-cluster=false (chart: mesh.multiCluster: false).\n", err)
+		return
+	}
+	for _, pod := range count.Istiods() {
+		fmt.Fprintf(out, "  %-50s %g\n", pod, count.ByIstiod[pod])
+	}
 }
 
 func runMetricsCheck(ctx context.Context, o *metricsCheckOptions, now time.Time, out io.Writer) error {
@@ -194,6 +219,7 @@ func runMetricsCheck(ctx context.Context, o *metricsCheckOptions, now time.Time,
 	printQueries(out, batch.Queries, now, o)
 	printPods(out, batch.Observations, now)
 	printFreshness(out, batch.Observations, now, o.interval, o.cfg.LatencyOffset)
+	printRemoteClusters(ctx, out, src, now, o.istioNamespace)
 
 	if fetchErr != nil && !allNoData(batch.Queries) {
 		return summarizeFailures(o.cfg.URL+o.cfg.PathPrefix, batch.Queries)

@@ -67,6 +67,25 @@ func TestMetricsCheck_VictoriaMetrics(t *testing.T) {
 		if !strings.Contains(out, "shop api-1 0.750 100.00 2.00 95ms 0s fresh\n") {
 			t.Errorf("api-1 must be fresh:\n%s", stdout)
 		}
+		// The fleet's TSDB does not scrape istiod: what --mesh-multi-cluster=auto would then do.
+		if !strings.Contains(out, "cannot be read") || !strings.Contains(out, "refuses every Service (MultiCluster) unless the TSDB scrapes istiod's metrics") {
+			t.Errorf("the output does not say that istiod's count of its remote clusters is missing, and what follows:\n%s", stdout)
+		}
+	})
+
+	t.Run("shows istiod's count of its remote clusters", func(t *testing.T) {
+		parsed, err := time.Parse(time.RFC3339, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vm.ImportText(t, fmt.Sprintf("istiod_managed_clusters{cluster_type=\"remote\",namespace=\"istio-system\",pod=\"istiod-7d9f\"} 0 %d\n", parsed.Add(-15*time.Second).UnixMilli()))
+		code, stdout, stderr := runCLI(t, "metrics", "check", "--url", vm.URL, "--at", at)
+		if code != exitOK {
+			t.Fatalf("exit %d\nstderr: %s", code, stderr)
+		}
+		if !strings.Contains(squash(stdout), "which --mesh-multi-cluster=auto needs:\nistio-system/istiod-7d9f 0\n") {
+			t.Errorf("the output does not list istiod's count:\n%s", stdout)
+		}
 	})
 
 	// Samples scraped every 5 s up to the wall clock, checked now.

@@ -127,7 +127,8 @@ func (c *opsCluster) start(name string, release bool, extra ...string) (stop fun
 	go func() {
 		defer close(done)
 		root := newRootCmd(io.Discard, logs)
-		root.SetArgs(append([]string{"run", "--kubeconfig", c.kubeconfig, "--leader-elect", "--leader-election-namespace", operatorNamespace,
+		// No TSDB: the mesh is declared one cluster (the controller suite reads istiod's count).
+		root.SetArgs(append([]string{"run", "--kubeconfig", c.kubeconfig, "--mesh-multi-cluster=false", "--leader-elect", "--leader-election-namespace", operatorNamespace,
 			"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error",
 			"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
 			fmt.Sprintf("--leader-elect-release-on-cancel=%v", release)}, extra...))

@@ -77,6 +77,7 @@ type runOptions struct {
 	allowQueryOverrides      bool
 	watchNamespaces          []string
 	mesh                     controller.MeshSource
+	multiCluster             string
 	logOutput                io.Writer // the command's stderr
 	source                   *metricsSourceFlags
 	sourceConfig             metrics.Config
@@ -129,8 +130,9 @@ func newRunCmd() *cobra.Command {
 	f.DurationVar(&o.cycleTimeout, "cycle-timeout", controller.DefaultCycleTimeout, "how long one weight cycle may take (reading the cluster, the metrics fetch and the burst of writes); writes it leaves out go to the next cycle, and every Service's status is still written")
 	f.BoolVar(&o.endpointWeightMetrics, "endpoint-weight-metrics", true, "export adaptivelb_endpoint_weight, one series per endpoint; turn off on the largest clusters")
 	f.StringSliceVar(&o.watchNamespaces, "watch-namespaces", nil, "namespaces to watch and write, comma-separated (default: all); with it the operator needs Roles in those namespaces and read access to nodes only, not a ClusterRole over everything")
-	f.StringVar(&o.mesh.IstioNamespace, "istio-namespace", "istio-system", "istiod's namespace, where its ConfigMap, Deployments and remote secrets are read (mesh config, version, other clusters)")
+	f.StringVar(&o.mesh.IstioNamespace, "istio-namespace", "istio-system", "istiod's namespace, where its ConfigMap and Deployments are read (mesh config, mesh networks, version) and its pods' metrics found in the TSDB")
 	f.StringVar(&o.mesh.MeshConfigMap, "istio-mesh-configmap", "istio", "istiod's ConfigMap in --istio-namespace, whose mesh and meshNetworks keys are read (istio-<revision> for a revisioned istiod)")
+	f.StringVar(&o.multiCluster, "mesh-multi-cluster", string(istio.MultiClusterAuto), "whether the mesh spans several clusters, which adaptive-lb refuses: auto judges from istiod's own count of its remote clusters in the TSDB (istiod_managed_clusters) and its meshNetworks, and refuses every Service while the TSDB cannot say (no --tsdb-url, istiod not scraped); false: the mesh is this cluster alone (a meshNetworks of several registries still refuses); true: refuse every Service")
 	f.StringVar(&o.mesh.IstioVersion, "istio-version", "", "istiod's version, such as 1.29.2, when its Deployment carries no app.kubernetes.io/version label (Istio before 1.24, or istiod outside the cluster); Services in ambient mode need it")
 	f.BoolVar(&o.allowQueryOverrides, "allow-query-overrides", false, "let AdaptiveLoadBalancers replace the PromQL queries (spec.metrics.queries); they run with the operator's TSDB credentials, so only allow it where every namespace that may create an AdaptiveLoadBalancer may read every series")
 	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
@@ -193,6 +195,11 @@ func (o *runOptions) validate() error {
 	if _, ok := istio.ParseVersion(o.mesh.IstioVersion); o.mesh.IstioVersion != "" && !ok {
 		return newUsageError("--istio-version %q must be an Istio release such as 1.29.2", o.mesh.IstioVersion)
 	}
+	mode, err := istio.ParseMultiClusterMode(o.multiCluster)
+	if err != nil {
+		return newUsageError("--mesh-multi-cluster: %v", err)
+	}
+	o.mesh.MultiCluster = mode
 	return nil
 }
 
@@ -452,6 +459,10 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		InstallID:                shared.installID,
 		Progress:                 tracker,
 	}
+	if counter, ok := shared.source.(metrics.RemoteClusterCounter); ok && o.mesh.MultiCluster == istio.MultiClusterAuto {
+		// One per manager: a rebuilt manager reads afresh, a standby keeps it current.
+		r.RemoteClusters = &controller.RemoteClusterProbe{Source: counter, Namespace: o.mesh.IstioNamespace, Logger: base.WithName("remote-clusters")}
+	}
 	if err := r.SetupWithManager(ctx, mgr, o.workers); err != nil {
 		return fmt.Errorf("set up the AdaptiveLoadBalancer controller: %w", err)
 	}
@@ -465,6 +476,9 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	if shared.source == nil {
 		logger.Info("no --tsdb-url: endpoints are mirrored with equal weights and no weight cycle runs")
+		if o.mesh.MultiCluster == istio.MultiClusterAuto {
+			logger.Error(nil, "no --tsdb-url and --mesh-multi-cluster=auto: istiod's count of its remote clusters cannot be read, so the operator cannot tell a mesh of one cluster and refuses every Service (MultiCluster); set --mesh-multi-cluster=false if the mesh is this cluster alone")
+		}
 	} else {
 		// DestinationRules are watched from here on, through an informer nothing waits for: where
 		// they cannot be read, weights are planned without their warm-ups.

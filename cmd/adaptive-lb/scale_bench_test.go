@@ -159,7 +159,8 @@ func BenchmarkScale_20kPods(b *testing.B) {
 			pprofAddr = freeLoopbackAddr(b)
 		}
 		op := exec.Command(bin, "run", "--kubeconfig", kubeconfig, "--metrics-bind-address", metricsAddr, "--metrics-secure=false",
-			"--health-probe-bind-address", "0", "--pprof-bind-address", pprofAddr, "--log-level", "error", "--tsdb-url", vm.URL)
+			"--health-probe-bind-address", "0", "--pprof-bind-address", pprofAddr, "--log-level", "error", "--tsdb-url", vm.URL,
+			"--mesh-multi-cluster=false") // the benchmark's TSDB has no istiod series
 		op.Stderr = os.Stderr
 		if limit := os.Getenv("ADAPTIVELB_BENCH_SCALE_GOMEMLIMIT"); limit != "" {
 			op.Env = append(os.Environ(), "GOMEMLIMIT="+limit)

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"slices"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -244,8 +244,8 @@ func runPoliciesRecorded(sc *sim.Scenario, policies []string, progress bool, std
 
 // The flag that turns the metrics lag off, shared by simulate and bench.
 const (
-	noLagFlag  = "no-metrics-lag"
-	noLagUsage = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape, adaptive-lb reading the newest data, ingested 4s after each scrape, and the published operator's rules 30s in the past)"
+	noLagFlag    = "no-metrics-lag"
+	noLagUsage   = "read metrics as from an ideal TSDB (every counter sampled each second, queries answered for the instant asked) instead of the scenario's controller.metrics (default: a stock install's 15s scrape, adaptive-lb reading the newest data, ingested 4s after each scrape, and the published operator's rules 30s in the past)"
 	historyFlag  = "history"
 	historyUsage = "the load history the controller learns its caution from, for every scenario: same (its past days had the run's load shape), steady (its load never rose) or none (a new Service); default: each scenario's load.history, same unless set"
 )

@@ -48,7 +48,7 @@ func mirrorOnce(t *testing.T, admin client.Client, kubeconfig string) (metav1.Co
 	go func() {
 		defer close(done)
 		root := newRootCmd(io.Discard, io.Discard)
-		root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
+		root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--mesh-multi-cluster=false", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
 		_ = root.ExecuteContext(ctx)
 	}()
 	defer func() { cancel(); <-done }()
@@ -202,7 +202,7 @@ func TestRun_WatchNamespacesWorksWithRolesOnly(t *testing.T) {
 	go func() {
 		defer close(done)
 		root := newRootCmd(io.Discard, &logs)
-		root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--watch-namespaces", "shop", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
+		root.SetArgs([]string{"run", "--kubeconfig", kubeconfig, "--mesh-multi-cluster=false", "--watch-namespaces", "shop", "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--log-level", "error"})
 		if err := root.ExecuteContext(runCtx); err != nil {
 			fmt.Fprintf(&logs, "stopped: %v", err)
 		}

@@ -107,7 +107,11 @@ type AdaptiveLoadBalancerReconciler struct {
 	Progress *progress.Tracker
 	// Mesh says where the mesh facts are read (zero: DefaultMeshSource).
 	Mesh MeshSource
-	mesh *meshFacts
+	// RemoteClusters, if set, reads istiod's count of its remote clusters from the TSDB: the
+	// evidence that the mesh is this cluster alone when Mesh.MultiCluster is auto. Without it
+	// auto cannot tell, and every Service is refused (MultiCluster).
+	RemoteClusters *RemoteClusterProbe
+	mesh           *meshFacts
 
 	// failingSince holds, per AdaptiveLoadBalancer whose mirror fails, when the failures began.
 	failingSince sync.Map // types.NamespacedName → time.Time
@@ -136,10 +140,11 @@ type AdaptiveLoadBalancerReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services;pods;nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // The mesh facts (meshfacts.go): namespaces' ambient and waypoint labels, and in istiod's
-// namespace its ConfigMap, its Deployments' version label and its remote secrets (their
-// metadata only is cached; list is the verb a metadata watch needs).
+// namespace its ConfigMap and its Deployments' version label (their metadata only is cached;
+// list is the verb a metadata watch needs). No Secret: whether the mesh spans several clusters
+// comes from istiod's own metrics in the TSDB (RemoteClusterProbe) and its meshNetworks.
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",namespace=istio-system,resources=configmaps;secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=istio-system,resources=configmaps,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,namespace=istio-system,resources=deployments,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
@@ -171,6 +176,15 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 	}
 	logger = logger.WithValues("service", types.NamespacedName{Namespace: alb.Namespace, Name: alb.Spec.TargetRef.Name})
 	ctx = log.IntoContext(ctx, logger)
+	if r.mesh.pending() {
+		// The first reading of istiod's count of its remote clusters is under way (the operator
+		// just started): without it every Service would be refused for a moment. Its result
+		// re-mirrors every Service.
+		if tracked {
+			r.propagation.restore(req.NamespacedName, eventAt)
+		}
+		return ctrl.Result{RequeueAfter: clustersPendingRetry}, nil
+	}
 
 	outcome, err := r.mirror(ctx, alb)
 	if err == nil {
@@ -215,6 +229,10 @@ func (r *AdaptiveLoadBalancerReconciler) Reconcile(ctx context.Context, req ctrl
 	// Returning the error requeues with controller-runtime's exponential back-off.
 	return ctrl.Result{RequeueAfter: later}, err
 }
+
+// clustersPendingRetry is how soon a reconcile that waited for the first reading of istiod's
+// count of its remote clusters runs again, should that reading's re-mirror of everything be lost.
+const clustersPendingRetry = 5 * time.Second
 
 // statusEndpointInterval spaces status writes that only refresh the endpoint list. Under endpoint
 // churn the ServiceEntry is written at once while the status, which nothing routes by, follows
@@ -472,7 +490,8 @@ func (r *AdaptiveLoadBalancerReconciler) mirrorOwned(ctx context.Context, alb *a
 		reason:      adlbv1.ReasonMirrored,
 		// No endpoint count here: a message that changes with every endpoint change would defeat
 		// the throttle on endpoint-only status writes (the count is in status.endpointCount).
-		message:      fmt.Sprintf("ServiceEntry %s mirrors the ready endpoints of Service %s", svc.Name, svc.Name),
+		// The evidence that the mesh is one cluster is said too: it is why the weights are safe.
+		message:      fmt.Sprintf("ServiceEntry %s mirrors the ready endpoints of Service %s; the mesh is one cluster: %s", svc.Name, svc.Name, in.Mesh.SingleCluster),
 		serviceEntry: svc.Name,
 		slices:       count,
 		endpoints:    endpoints,
@@ -492,18 +511,24 @@ func (r *AdaptiveLoadBalancerReconciler) tooLarge(ctx context.Context, alb *adlb
 // desiredServiceEntry is what the mirror writes to one slice: its name, its spec, and the
 // operator's record of the weights it applied to the slice's endpoints (applied.go).
 type desiredServiceEntry struct {
-	name    string
-	spec    *apinetworkingv1.ServiceEntry
-	applied appliedWeights
+	name string
+	// owner and service are the AdaptiveLoadBalancer's and its target's names, which the slice
+	// carries as labels (stampLabels): the stale removal and the watchdog find slices by them.
+	owner, service string
+	spec           *apinetworkingv1.ServiceEntry
+	applied        appliedWeights
 	// replannedAt, when set, is the time of the re-plan this write carries; otherwise the
 	// ServiceEntry keeps the time of its last re-plan.
 	replannedAt time.Time
 }
 
 // upToDate reports whether the ServiceEntry already has the desired spec and record, and is
-// marked as ours, and not as another installation's (installLabelCurrent).
+// marked as ours, with every label the operator stamps (a stripped one is put back: the stale
+// removal and the watchdog find slices by them), and not as another installation's
+// (installLabelCurrent).
 func (r *AdaptiveLoadBalancerReconciler) upToDate(se *networkingv1.ServiceEntry, want desiredServiceEntry) bool {
 	return proto.Equal(&se.Spec, want.spec) && se.Labels[ManagedByLabel] == ManagedByValue &&
+		se.Labels[ServiceEntryOwnerLabel] == want.owner && se.Labels[ServiceLabel] == want.service &&
 		installLabelCurrent(se.Labels, r.InstallID) && recordCurrent(se, want.applied) &&
 		(want.replannedAt.IsZero() || replannedAt(se).Equal(want.replannedAt))
 }
@@ -904,9 +929,16 @@ func weightsEnforcedCondition(o mirrorOutcome, gen int64) *metav1.Condition {
 	case o.reason == adlbv1.ReasonWriteFailed || o.keepEndpoints:
 		return nil
 	default:
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry, "no ServiceEntry to weight; see EndpointsMirrored"
+		none := noServiceEntryEnforced(gen)
+		return &none
 	}
 	return c
+}
+
+// noServiceEntryEnforced is WeightsEnforced while there is no ServiceEntry to carry weights.
+func noServiceEntryEnforced(gen int64) metav1.Condition {
+	return metav1.Condition{Type: adlbv1.ConditionWeightsEnforced, Status: metav1.ConditionFalse, Reason: adlbv1.ReasonNoServiceEntry,
+		Message: "no ServiceEntry to weight; see EndpointsMirrored", ObservedGeneration: gen}
 }
 
 // modeOnlyReason reports whether a WeightsApplied reason follows from the mode alone.

@@ -32,8 +32,8 @@ func CacheOptions(namespaces ...string) cache.Options {
 }
 
 // CacheOptionsFor is CacheOptions for the mesh facts read where src says: in istiod's namespace
-// only its ConfigMap, the metadata of its Deployments (app=istiod) and of its remote secrets
-// are cached; namespaces keep their labels only.
+// only its ConfigMap and the metadata of its Deployments (app=istiod) are cached; namespaces
+// keep their labels only. No Secret is read anywhere.
 func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 	var only map[string]cache.Config
 	for _, ns := range namespaces {
@@ -56,7 +56,6 @@ func CacheOptionsFor(src MeshSource, namespaces ...string) cache.Options {
 			&networkingv1.ServiceEntry{}: {Transform: trimForeignServiceEntry},
 			&corev1.Namespace{}:          {Transform: trimNamespace},
 			&corev1.ConfigMap{}:          {Namespaces: istiod(cache.Config{FieldSelector: fields.OneTermEqualSelector("metadata.name", src.MeshConfigMap)})},
-			&corev1.Secret{}:             {Namespaces: istiod(cache.Config{LabelSelector: labels.SelectorFromSet(labels.Set{RemoteSecretLabel: "true"})})},
 			&appsv1.Deployment{}:         {Namespaces: istiod(cache.Config{LabelSelector: labels.SelectorFromSet(labels.Set{IstiodAppLabel: "istiod"})})},
 		},
 	}

@@ -14,8 +14,9 @@ import (
 
 // MarkServiceEntryRemoved records on the AdaptiveLoadBalancer that controlled the deleted
 // ServiceEntry se that it is gone and why: EndpointsMirrored=False (reason, such as
-// OperatorUnavailable or TargetNotFound, with why), WeightsApplied=False (NoServiceEntry), no ServiceEntry and no endpoints in status, and
-// Ready recomputed from them. The fail-open watchdog calls it after each deletion: it stands in
+// OperatorUnavailable or TargetNotFound, with why), WeightsApplied and WeightsEnforced False
+// (NoServiceEntry), no ServiceEntry, no slices and no endpoints in status, and Ready recomputed
+// from them: what the mesh has, as the mirror reports a ServiceEntry it removed itself. The fail-open watchdog calls it after each deletion: it stands in
 // for the endpoint mirror, which owns these, while no operator runs, so that no status claims
 // Ready=True for a Service the operator no longer serves; the mirror replaces them at its first
 // reconcile once an operator runs again. An owner that is gone, or that is another object of
@@ -37,7 +38,8 @@ func MarkServiceEntryRemoved(ctx context.Context, c client.Client, se metav1.Obj
 		meta.SetStatusCondition(&alb.Status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: metav1.ConditionFalse,
 			Reason: reason, Message: why, ObservedGeneration: gen})
 		meta.SetStatusCondition(&alb.Status.Conditions, placeholderWeightsCondition(alb, false))
-		alb.Status.ServiceEntry, alb.Status.EndpointCount = "", 0
+		meta.SetStatusCondition(&alb.Status.Conditions, noServiceEntryEnforced(gen))
+		alb.Status.ServiceEntry, alb.Status.ServiceEntrySlices, alb.Status.EndpointCount = "", 0, 0
 		alb.Status.Endpoints, alb.Status.EndpointsTruncated = nil, false
 		return true
 	}

@@ -69,7 +69,7 @@ func BenchmarkFallbackBurst(b *testing.B) {
 			for _, e := range se.Spec.Endpoints {
 				d.Endpoints = append(d.Endpoints, weights.Result{ID: e.Address, Weight: equal})
 			}
-			if err := w.writeWeights(ctx, &dueTarget{se: se, replannedAt: replannedAt(se)}, d, false); err != nil {
+			if _, err := w.writeWeights(ctx, &dueTarget{se: se, replannedAt: replannedAt(se)}, d, false); err != nil {
 				b.Fatal(err)
 			}
 		}

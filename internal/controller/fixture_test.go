@@ -361,7 +361,8 @@ func (f *fixture) tryWriteWeightsAsTheCycle(alb string, byIP map[string]int, pod
 	for ip, weight := range byIP {
 		decision.Endpoints = append(decision.Endpoints, weights.Result{ID: ip, Weight: weight})
 	}
-	return w.writeWeights(f.ctx, d, decision, false)
+	_, err := w.writeWeights(f.ctx, d, decision, false)
+	return err
 }
 
 // controllerSlices lists the EndpointSlices the EndpointSlice controller wrote for a Service.

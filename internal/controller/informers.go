@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"time"
 
@@ -18,8 +19,13 @@ import (
 )
 
 // mirrorInformers are the informers the mirror reads: when one of them stops following the
-// cluster, the ServiceEntries it writes no longer follow the endpoints. Others (DestinationRules,
-// read by the weight cycle for warm-up) change weights, not membership.
+// cluster, the ServiceEntries it writes no longer follow the endpoints, or the mesh. The mesh
+// facts are among them (meshfacts.go): every Service's namespace labels (ambient mode, waypoint,
+// istiod's network), istiod's ConfigMap (visibility, meshNetworks: several clusters) and, unless
+// --istio-version says it, istiod's Deployments (its version, which ambient Services need).
+// Frozen, they would let a refusal stand that no longer applies or, worse, miss one that does.
+// Others (DestinationRules, read by the weight cycle for warm-up) change weights, not what the
+// mirror writes.
 var mirrorInformers = []string{
 	"adaptiveloadbalancers.adaptivelb.io",
 	"services",
@@ -27,6 +33,9 @@ var mirrorInformers = []string{
 	"pods",
 	"nodes",
 	"serviceentries.networking.istio.io",
+	"namespaces",
+	"configmaps",
+	"deployments.apps",
 }
 
 // NewInformerProgress returns a tracker for the operator's informers with cfg, describing a
@@ -46,8 +55,14 @@ func NewInformerProgress(cfg progress.Config) *progress.Tracker {
 // client of their own, built from cfg, whose transport records their progress. Other requests
 // (writes, uncached reads) do not pass through it.
 func WithProgress(opts cache.Options, cfg *rest.Config, tracker *progress.Tracker) (cache.Options, error) {
+	// The API server may be served under a path (Rancher's /k8s/clusters/<id>): the tracker
+	// must find the resource after it.
+	server, _, err := rest.DefaultServerUrlFor(cfg)
+	if err != nil {
+		return opts, fmt.Errorf("read the API server's URL %q: %w", cfg.Host, err)
+	}
 	informerCfg := rest.CopyConfig(cfg)
-	informerCfg.Wrap(tracker.Wrap)
+	informerCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return tracker.WrapUnder(server.Path, rt) })
 	httpClient, err := rest.HTTPClientFor(informerCfg)
 	if err != nil {
 		return opts, fmt.Errorf("build the informers' HTTP client: %w", err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/progress"
 	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
@@ -120,6 +122,7 @@ func (b *wedgedBody) Close() error { return b.real.Close() }
 type isolatedCluster struct {
 	*fixture
 	wedge     *wedge
+	bookmarks *bookmarkCounter
 	tracker   *progress.Tracker
 	heartbeat types.NamespacedName
 }
@@ -130,8 +133,31 @@ var isolatedLimits = progress.Config{SilenceLimit: 2 * time.Second, BlindAfter: 
 
 const isolatedStaleTimeout = 10 * time.Second
 
+// isolatedOptions vary the isolated cluster.
+type isolatedOptions struct {
+	// wedged is the resource (a path segment) whose lists and watches the wedge can freeze;
+	// "endpointslices" when empty.
+	wedged string
+	// limits are the tracker's; isolatedLimits when nil.
+	limits *progress.Config
+	// quiet leaves the cluster alone: no helper keeps every informer busy.
+	quiet bool
+}
+
 func newIsolatedCluster(t *testing.T) *isolatedCluster {
 	t.Helper()
+	return newIsolatedClusterWith(t, isolatedOptions{})
+}
+
+func newIsolatedClusterWith(t *testing.T, o isolatedOptions) *isolatedCluster {
+	t.Helper()
+	if o.wedged == "" {
+		o.wedged = "endpointslices"
+	}
+	limits := isolatedLimits
+	if o.limits != nil {
+		limits = *o.limits
+	}
 	requireControllerManager(t)
 	istioCRDs, err := testtools.IstioCRDPath()
 	if err != nil {
@@ -153,10 +179,11 @@ func newIsolatedCluster(t *testing.T) *isolatedCluster {
 		t.Fatal(err)
 	}
 
-	c := &isolatedCluster{fixture: newFixtureOn(t, admin), tracker: NewInformerProgress(isolatedLimits)}
+	c := &isolatedCluster{fixture: newFixtureOn(t, admin), tracker: NewInformerProgress(limits)}
 	opCfg := rest.CopyConfig(cfg)
 	opCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		c.wedge = &wedge{next: rt, resource: "endpointslices"}
+		c.bookmarks = &bookmarkCounter{next: rt}
+		c.wedge = &wedge{next: c.bookmarks, resource: o.wedged}
 		return c.wedge
 	}
 	cacheOpts, err := WithProgress(CacheOptions(), opCfg, c.tracker)
@@ -175,6 +202,8 @@ func newIsolatedCluster(t *testing.T) *isolatedCluster {
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 		Metrics: NewMetrics(prometheus.NewRegistry()), ClusterDomain: "cluster.local", Membership: NewMembership(nil),
 		StaleServiceEntryTimeout: isolatedStaleTimeout, Progress: c.tracker,
+		// No TSDB here: the mesh is told to be this cluster alone (its meshNetworks still counts).
+		Mesh: MeshSource{IstioNamespace: istioNamespace, MeshConfigMap: "istio", MultiCluster: istio.MultiClusterFalse},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := r.SetupWithManager(ctx, mgr, 2); err != nil {
@@ -196,7 +225,9 @@ func newIsolatedCluster(t *testing.T) *isolatedCluster {
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		t.Fatal("caches did not sync")
 	}
-	c.keepBusy()
+	if !o.quiet {
+		c.keepBusy()
+	}
 	return c
 }
 
@@ -217,9 +248,16 @@ func (c *isolatedCluster) keepBusy() {
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "busy-node"}},
 	}
 	busy.slice("busy", "busy-x", ready("busy", "10.59.0.1"))
+	// Someone else's ServiceEntry: one labelled as the operator's, without an owner, is an
+	// orphan the operator deletes at once, and its informer would then get nothing.
 	se := sizedServiceEntry(busy.ns, "busy", 1)
+	se.Labels = nil
 	busy.create(se)
-	objs = append(objs, se, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: busy.ns, Name: "busy-x"}})
+	objs = append(objs, se, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: busy.ns, Name: "busy-x"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: busy.ns}})
+	// The mesh facts: istiod's ConfigMap and Deployment (their informers watch these alone).
+	istiod := c.istiodObjects()
+	objs = append(objs, istiod...)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -238,6 +276,22 @@ func (c *isolatedCluster) keepBusy() {
 		}
 	}()
 	c.t.Cleanup(func() { cancel(); <-done })
+}
+
+// istiodObjects creates istiod's namespace, ConfigMap and Deployment in the isolated cluster.
+func (c *isolatedCluster) istiodObjects() []client.Object {
+	c.t.Helper()
+	c.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: istioNamespace}})
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "istio", Namespace: istioNamespace}, Data: map[string]string{"mesh": "accessLogFile: /dev/stdout\n"}}
+	c.create(cm)
+	labels := map[string]string{IstiodAppLabel: "istiod"}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "istiod", Namespace: istioNamespace, Labels: map[string]string{IstiodAppLabel: "istiod", VersionLabel: "1.29.2"}},
+		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "discovery", Image: "pilot"}}}}},
+	}
+	c.create(d)
+	return []client.Object{cm, d}
 }
 
 // heartbeatRenewed reports the heartbeat Lease's renew time.
@@ -330,4 +384,54 @@ func TestInformers_AnInformerThatCannotListRemovesTheServiceEntries(t *testing.T
 		}
 		return nil
 	})
+}
+
+// The mesh facts are read from informers too (namespaces, istiod's ConfigMap and Deployments):
+// frozen, they would keep a ServiceEntry up for a mesh that has changed, here istiod's
+// meshNetworks now naming a second cluster's registry, while the heartbeat says all is well.
+// A blind one stops the mirror as any blind informer does (CacheStale, naming it), the
+// heartbeat is withheld, and the ServiceEntry goes once that has lasted the stale timeout; once
+// the informer sees again, the mirror follows the mesh as it is now (MultiCluster).
+func TestInformers_ABlindMeshFactInformerFailsOpen(t *testing.T) {
+	c := newIsolatedClusterWith(t, isolatedOptions{wedged: "configmaps"})
+	c.mirroredService("10.52.0.1", "10.52.0.2")
+	c.eventually("the heartbeat is renewed", func() error {
+		if c.heartbeatRenewed().IsZero() {
+			return errNotYet
+		}
+		return nil
+	})
+
+	c.wedge.arm(true, false)
+	cm := &corev1.ConfigMap{}
+	if err := c.c.Get(c.ctx, types.NamespacedName{Namespace: istioNamespace, Name: "istio"}, cm); err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["meshNetworks"] = "networks:\n  east: {endpoints: [{fromRegistry: east}]}\n  west: {endpoints: [{fromRegistry: west}]}\n"
+	if err := c.c.Update(c.ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	stale := c.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonCacheStale)
+	if !strings.Contains(stale.Message, "the configmaps in "+istioNamespace+" informer has seen nothing since") {
+		t.Errorf("CacheStale message %q does not name istiod's ConfigMap informer", stale.Message)
+	}
+	withheld := c.heartbeatRenewed()
+	c.eventually("the ServiceEntry is deleted", func() error {
+		if _, err := c.serviceEntry("web"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (err %v)", err)
+		}
+		return nil
+	})
+	if got := c.heartbeatRenewed(); !got.Equal(withheld) {
+		t.Errorf("the heartbeat was renewed (%v, was %v) while istiod's ConfigMap informer was blind", got, withheld)
+	}
+
+	c.wedge.disarm()
+	mc := c.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonMultiCluster)
+	if !strings.Contains(mc.Message, "meshNetworks registries east, west") {
+		t.Errorf("MultiCluster message %q does not name the evidence", mc.Message)
+	}
+	if _, err := c.serviceEntry("web"); !apierrors.IsNotFound(err) {
+		t.Fatalf("a ServiceEntry in a mesh of two clusters (err %v)", err)
+	}
 }

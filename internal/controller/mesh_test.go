@@ -169,24 +169,60 @@ func TestMirror_AmbientServiceOnAnOldIstiodHasNoServiceEntry(t *testing.T) {
 	f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 }
 
-// A remote secret makes the mesh multi-cluster: the ServiceEntry goes, and the status says why;
-// without it the ServiceEntry comes back.
+// requireIstiodScrape skips a test that needs the suite's istiod gauge when VictoriaMetrics is
+// not built; under CI that is a failure.
+func requireIstiodScrape(t *testing.T) {
+	t.Helper()
+	requireVM(t)
+	if suiteIstiod == nil {
+		t.Fatal("the suite runs without its istiod scrape although VictoriaMetrics is built")
+	}
+}
+
+// istiod's own count of its remote clusters decides, as in a default install (auto): at 0 the
+// Service is weighted, and the status says what shows the mesh is one cluster; once istiod reads
+// a remote cluster the ServiceEntry goes (MultiCluster, naming the evidence); back at 0 it
+// returns. No Secret is read.
 func TestMirror_MultiClusterMeshHasNoServiceEntry(t *testing.T) {
+	requireIstiodScrape(t)
 	f := newFixture(t)
 	f.sidecarService()
 	f.waitForAddresses("web", "10.1.0.1", "10.1.0.2")
 	f.waitForCondition("web", adlbv1.ConditionWeightsEnforced, metav1.ConditionTrue, adlbv1.ReasonEnforcedBySidecars)
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "istio-remote-secret-west", Labels: map[string]string{RemoteSecretLabel: "true"}},
-		StringData: map[string]string{"west": "kubeconfig"}}
-	f.inIstioNamespace(secret)
+	served := f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	if want := `the mesh is one cluster: istiod reads no remote cluster (istiod_managed_clusters{cluster_type="remote"} is 0 for ` + istiodPod + ` in the TSDB)`; !strings.Contains(served.Message, want) {
+		t.Errorf("EndpointsMirrored message %q does not say %q", served.Message, want)
+	}
+
+	suiteIstiod.setRemote(2)
+	t.Cleanup(func() { suiteIstiod.setRemote(0) })
 	f.waitForNoServiceEntry("web")
 	c := f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonMultiCluster)
-	if !strings.Contains(c.Message, "remote secret istio-system/istio-remote-secret-west") || !strings.Contains(c.Message, "move traffic between the clusters") {
+	if !strings.Contains(c.Message, "istiod "+istiodPod+" reads 2 remote clusters (istiod_managed_clusters in the TSDB)") || !strings.Contains(c.Message, "move traffic between the clusters") {
 		t.Errorf("EndpointsMirrored message %q does not name the evidence and the reason", c.Message)
 	}
 	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionFalse, adlbv1.ReasonMultiCluster)
+	f.waitForCondition("web", adlbv1.ConditionWeightsEnforced, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
 
-	if err := k8s.Delete(f.ctx, secret); err != nil {
+	suiteIstiod.setRemote(0)
+	f.waitForAddresses("web", "10.1.0.1", "10.1.0.2")
+	f.waitForCondition("web", adlbv1.ConditionReady, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+}
+
+// meshNetworks fed by two registries is a mesh of several clusters whatever istiod's count says.
+func TestMirror_MeshNetworksOfSeveralRegistriesIsMultiCluster(t *testing.T) {
+	f := newFixture(t)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "istio"}, Data: map[string]string{"meshNetworks": "networks:\n  east: {endpoints: [{fromRegistry: east}]}\n  west: {endpoints: [{fromRegistry: west}]}\n"}}
+	f.inIstioNamespace(cm)
+	f.sidecarService()
+	c := f.waitForCondition("web", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonMultiCluster)
+	if !strings.Contains(c.Message, "meshNetworks registries east, west") {
+		t.Errorf("EndpointsMirrored message %q does not name the evidence", c.Message)
+	}
+	if _, err := f.serviceEntry("web"); !apierrors.IsNotFound(err) {
+		t.Fatalf("a ServiceEntry exists (%v)", err)
+	}
+	if err := k8s.Delete(f.ctx, cm); err != nil {
 		t.Fatal(err)
 	}
 	f.waitForAddresses("web", "10.1.0.1", "10.1.0.2")

@@ -21,11 +21,12 @@ import (
 )
 
 // MeshSource says where the operator reads the facts of the mesh around the Services (see
-// istio.Mesh): istiod's namespace and ConfigMap, and the istiod version when its Deployment
-// does not say it.
+// istio.Mesh): istiod's namespace and ConfigMap, the istiod version when its Deployment does not
+// say it, and what the operator is told of the mesh's clusters. Nothing in it carries
+// credentials: no Secret is read.
 type MeshSource struct {
 	// IstioNamespace is istiod's namespace (istio-system): its ConfigMap, its Deployments, its
-	// remote secrets and its topology.istio.io/network label.
+	// topology.istio.io/network label, and the namespace of istiod's pods in the TSDB.
 	IstioNamespace string
 	// MeshConfigMap is istiod's ConfigMap, whose "mesh" and "meshNetworks" keys are read
 	// (istio, or istio-<revision>).
@@ -33,17 +34,18 @@ type MeshSource struct {
 	// IstioVersion, if set, is istiod's version, in place of the one read from its
 	// Deployments' app.kubernetes.io/version label.
 	IstioVersion string
+	// MultiCluster is what the operator is told of the mesh's clusters ("" is auto: judged from
+	// istiod's own count of its remote clusters in the TSDB; see istio.JudgeClusters).
+	MultiCluster istio.MultiClusterMode
 }
 
 // DefaultMeshSource is Istio's default installation.
 func DefaultMeshSource() MeshSource {
-	return MeshSource{IstioNamespace: "istio-system", MeshConfigMap: "istio"}
+	return MeshSource{IstioNamespace: "istio-system", MeshConfigMap: "istio", MultiCluster: istio.MultiClusterAuto}
 }
 
 // Labels the operator reads in istiod's namespace.
 const (
-	// RemoteSecretLabel marks istiod's remote secrets: one per other cluster it reads.
-	RemoteSecretLabel = "istio/multiCluster"
 	// IstiodAppLabel is the label of istiod's Deployments (app=istiod).
 	IstiodAppLabel = "app"
 	// VersionLabel is the version label Istio's charts (1.24 onwards) put on istiod's Deployment.
@@ -54,6 +56,8 @@ const (
 // when it changed.
 type meshFacts struct {
 	source MeshSource
+	// clusters reads istiod's count of its remote clusters (nil: no TSDB).
+	clusters *RemoteClusterProbe
 
 	mu       sync.Mutex
 	parsedRV string // the ConfigMap's resourceVersion behind config and networks ("-" for none)
@@ -95,19 +99,40 @@ func (m *meshFacts) gather(ctx context.Context, c client.Reader) (istio.Mesh, er
 		}
 	}
 
-	secrets := &metav1.PartialObjectMetadataList{}
-	secrets.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("SecretList"))
-	if err := c.List(ctx, secrets, client.InNamespace(src.IstioNamespace), client.MatchingLabels{RemoteSecretLabel: "true"}); err != nil {
-		return istio.Mesh{}, fmt.Errorf("list istiod's remote secrets in %s: %w", src.IstioNamespace, err)
-	}
-	var remote []string
-	for _, s := range secrets.Items {
-		remote = append(remote, s.Namespace+"/"+s.Name)
-	}
-	if out.MultiCluster, err = istio.MultiClusterEvidence(remote, networks); err != nil {
+	remote, _ := m.remoteClusters()
+	clusters, err := istio.JudgeClusters(m.mode(), networks, remote)
+	if err != nil {
 		return istio.Mesh{}, fmt.Errorf("istiod's ConfigMap %s/%s: %w", src.IstioNamespace, src.MeshConfigMap, err)
 	}
+	out.MultiCluster, out.ClustersUnknown, out.SingleCluster = clusters.Several, clusters.Unknown, clusters.One
 	return out, nil
+}
+
+// mode is what the operator is told of the mesh's clusters.
+func (m *meshFacts) mode() istio.MultiClusterMode {
+	if m.source.MultiCluster == "" {
+		return istio.MultiClusterAuto
+	}
+	return m.source.MultiCluster
+}
+
+// remoteClusters is istiod's count of its remote clusters, when the mode needs it; false while
+// the first reading of it is still under way.
+func (m *meshFacts) remoteClusters() (istio.RemoteClusterReport, bool) {
+	switch {
+	case m.mode() != istio.MultiClusterAuto:
+		return istio.RemoteClusterReport{}, true // told: istiod's count is not needed
+	case m.clusters == nil:
+		return istio.RemoteClusterReport{Unknown: "no TSDB is configured (--tsdb-url) to read istiod's count of its remote clusters from"}, true
+	}
+	return m.clusters.Report()
+}
+
+// pending reports whether the mirror must wait for the first reading of istiod's count: at
+// start, rather than refuse every Service until it comes.
+func (m *meshFacts) pending() bool {
+	_, known := m.remoteClusters()
+	return !known
 }
 
 // parse returns the mesh config and the meshNetworks text of the ConfigMap at resourceVersion rv,

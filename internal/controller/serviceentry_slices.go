@@ -56,17 +56,21 @@ func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *a
 	if primaryCached != nil {
 		set.cached[name] = primaryCached
 	}
-	var list networkingv1.ServiceEntryList
-	var err error
+	var items []*networkingv1.ServiceEntry
 	if reads.listLive {
-		err = r.apiReader.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingLabels{ServiceEntryOwnerLabel: alb.Name})
+		live, err := r.liveSlices(ctx, alb)
+		if err != nil {
+			return set, err
+		}
+		items = live
 	} else {
-		err = r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy)
+		var list networkingv1.ServiceEntryList
+		if err := r.List(ctx, &list, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy); err != nil {
+			return set, fmt.Errorf("list the ServiceEntry slices of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
+		}
+		items = list.Items
 	}
-	if err != nil {
-		return set, fmt.Errorf("list the ServiceEntry slices of AdaptiveLoadBalancer %s/%s: %w", alb.Namespace, alb.Name, err)
-	}
-	for _, se := range list.Items {
+	for _, se := range items {
 		if n, ok := istio.SliceIndex(name, se.Name); !ok || n == 0 || !metav1.IsControlledBy(se, alb) {
 			continue
 		}
@@ -113,6 +117,45 @@ func (r *AdaptiveLoadBalancerReconciler) ownedSlices(ctx context.Context, alb *a
 		}
 	}
 	return set, nil
+}
+
+// liveSlices reads from the API server the ServiceEntries that may be slices of alb's target:
+// those labelled with alb as their owner, those labelled with its target as their Service (a
+// slice someone stripped of one label still has the other), and those the cache holds under
+// alb's controller reference (stripped of both), each read by name. Which of them alb controls
+// is for the caller to check.
+func (r *AdaptiveLoadBalancerReconciler) liveSlices(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer) ([]*networkingv1.ServiceEntry, error) {
+	byName := map[string]*networkingv1.ServiceEntry{}
+	for _, selector := range []client.MatchingLabels{{ServiceEntryOwnerLabel: alb.Name}, {ServiceLabel: alb.Spec.TargetRef.Name}} {
+		var list networkingv1.ServiceEntryList
+		if err := r.apiReader.List(ctx, &list, client.InNamespace(alb.Namespace), selector); err != nil {
+			return nil, fmt.Errorf("list the ServiceEntry slices of AdaptiveLoadBalancer %s/%s labelled %v: %w", alb.Namespace, alb.Name, selector, err)
+		}
+		for _, se := range list.Items {
+			byName[se.Name] = se
+		}
+	}
+	// The cache may be what fails; what it holds still names slices the labels missed.
+	var cached networkingv1.ServiceEntryList
+	if err := r.List(ctx, &cached, client.InNamespace(alb.Namespace), client.MatchingFields{indexServiceEntryController: string(alb.UID)}, client.UnsafeDisableDeepCopy); err == nil {
+		for _, c := range cached.Items {
+			if _, found := byName[c.Name]; found {
+				continue
+			}
+			se := &networkingv1.ServiceEntry{}
+			switch err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(c), se); {
+			case err == nil:
+				byName[se.Name] = se
+			case !apierrors.IsNotFound(err):
+				return nil, fmt.Errorf("get ServiceEntry %s/%s: %w", c.Namespace, c.Name, err)
+			}
+		}
+	}
+	out := make([]*networkingv1.ServiceEntry, 0, len(byName))
+	for _, name := range sortedSliceNames(alb.Spec.TargetRef.Name, slices.Collect(maps.Keys(byName))) {
+		out = append(out, byName[name])
+	}
+	return out, nil
 }
 
 // sliceWriteError is a failed write (or a refusal to write on a view that disagrees) of one
@@ -226,7 +269,7 @@ func (r *AdaptiveLoadBalancerReconciler) writeSlices(ctx context.Context, alb *a
 		for _, e := range eps {
 			applied[podAt[e.Address]] = e.Weight
 		}
-		return desiredServiceEntry{name: name, spec: istio.SliceSpec(whole, eps), applied: applied, replannedAt: replanned}
+		return desiredServiceEntry{name: name, owner: alb.Name, service: alb.Spec.TargetRef.Name, spec: istio.SliceSpec(whole, eps), applied: applied, replannedAt: replanned}
 	}
 
 	// Checks before any write: a refusal must not leave half the slices written.

@@ -132,7 +132,7 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	if r.Mesh == (MeshSource{}) {
 		r.Mesh = DefaultMeshSource()
 	}
-	r.mesh = &meshFacts{source: r.Mesh}
+	r.mesh = &meshFacts{source: r.Mesh, clusters: r.RemoteClusters}
 	r.propagation = newPropagationTracker()
 	if r.Versions == nil {
 		r.Versions = &ServiceEntryVersions{}
@@ -144,9 +144,24 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 	if err := (&orphanReconciler{r}).setup(mgr); err != nil {
 		return err
 	}
-	// Re-mirrors everything when an informer goes blind or recovers (informerWatch); with no
-	// tracker nothing is ever sent.
+	// Re-mirrors everything when an informer goes blind or recovers (informerWatch), or when
+	// istiod's count of its remote clusters changes (RemoteClusterProbe).
 	informerChanges := make(chan event.GenericEvent, 1)
+	remirror := func() {
+		select {
+		case informerChanges <- event.GenericEvent{}:
+		default: // a re-mirror of everything is already queued
+		}
+	}
+	if r.RemoteClusters != nil {
+		if r.RemoteClusters.Namespace == "" {
+			r.RemoteClusters.Namespace = r.Mesh.IstioNamespace
+		}
+		r.RemoteClusters.changed = remirror
+		if err := mgr.Add(r.RemoteClusters); err != nil {
+			return err
+		}
+	}
 	if r.Progress != nil {
 		if err := mgr.Add(cutSilentStreams{r.Progress}); err != nil {
 			return err
@@ -156,7 +171,13 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 			return err
 		}
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr)
+	if r.Mesh.IstioVersion == "" {
+		// istiod's version from its Deployments; declared, nothing reads them, and no informer
+		// runs that could go blind.
+		b = b.WatchesMetadata(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged()))
+	}
+	return b.
 		Named("adaptiveloadbalancer").
 		For(&adlbv1.AdaptiveLoadBalancer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&networkingv1.ServiceEntry{}, builder.WithPredicates(r.notOwnWrite())).
@@ -171,11 +192,9 @@ func (r *AdaptiveLoadBalancerReconciler) SetupWithManager(ctx context.Context, m
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.forNode), builder.WithPredicates(topologyChanged())).
 		WatchesRawSource(source.Channel(informerChanges, handler.EnqueueRequestsFromMapFunc(r.every))).
 		// The mesh facts (meshfacts.go): a namespace's labels (ambient, waypoint, and istiod's
-		// network), istiod's ConfigMap, Deployments and remote secrets.
+		// network), istiod's ConfigMap (and Deployments, above).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.forNamespace), builder.WithPredicates(labelsChanged())).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject)).
-		WatchesMetadata(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
-		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.forMeshObject), builder.WithPredicates(labelsChanged())).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: workers,
 			// Fast first retries for transient API errors, bounded for persistent ones.
@@ -282,8 +301,8 @@ func (r *AdaptiveLoadBalancerReconciler) forNamespace(ctx context.Context, o cli
 }
 
 // forMeshObject re-mirrors every AdaptiveLoadBalancer when one of the mesh-wide facts changes:
-// istiod's ConfigMap, its version, its remote secrets. The cache holds only those objects (see
-// CacheOptions), and they change rarely.
+// istiod's ConfigMap, its version. The cache holds only those objects (see CacheOptions), and
+// they change rarely.
 func (r *AdaptiveLoadBalancerReconciler) forMeshObject(ctx context.Context, _ client.Object) []reconcile.Request {
 	return r.all(ctx)
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,13 @@ func (f *fixture) refuseServiceEntryWrites(extra ...admissionv1.OperationType) (
 // applies it (it loads policies asynchronously), and returns a function that lifts it.
 func (f *fixture) admissionPolicy(name string, ops []admissionv1.OperationType, enforced func() error) (lift func()) {
 	f.t.Helper()
+	return f.admissionPolicyRefusing(name, ops, "false", enforced)
+}
+
+// admissionPolicyRefusing is admissionPolicy for the writes whose object fails the CEL
+// expression allowed.
+func (f *fixture) admissionPolicyRefusing(name string, ops []admissionv1.OperationType, allowed string, enforced func() error) (lift func()) {
+	f.t.Helper()
 	policy := &admissionv1.ValidatingAdmissionPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: admissionv1.ValidatingAdmissionPolicySpec{
@@ -60,7 +68,7 @@ func (f *fixture) admissionPolicy(name string, ops []admissionv1.OperationType, 
 				},
 			}}},
 			Validations: []admissionv1.Validation{{
-				Expression: "false",
+				Expression: allowed,
 				Message:    "ServiceEntry writes are refused by a test policy",
 				Reason:     ptr.To(metav1.StatusReasonInvalid),
 			}},
@@ -319,16 +327,24 @@ func TestUpToDate_AMissingInstallationLabelWaitsForTheNextWrite(t *testing.T) {
 		se.Spec.Hosts = []string{"web.default.svc.cluster.local"}
 		return se
 	}
-	desired := desiredServiceEntry{spec: withLabels(nil).Spec.DeepCopy()}
+	desired := desiredServiceEntry{owner: "web", service: "web", spec: withLabels(nil).Spec.DeepCopy()}
+	own := map[string]string{ServiceEntryOwnerLabel: "web", ServiceLabel: "web"}
+	with := func(labels map[string]string) map[string]string {
+		out := maps.Clone(own)
+		maps.Copy(out, labels)
+		return out
+	}
 	for _, c := range []struct {
 		name   string
 		labels map[string]string
 		want   bool
 	}{
-		{"this installation's", map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: suiteInstallID}, true},
-		{"without the installation label", map[string]string{ManagedByLabel: ManagedByValue}, true},
-		{"another installation's", map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: "other.lease"}, false},
-		{"without the managed-by label", map[string]string{InstallLabel: suiteInstallID}, false},
+		{"this installation's", with(map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: suiteInstallID}), true},
+		{"without the installation label", with(map[string]string{ManagedByLabel: ManagedByValue}), true},
+		{"another installation's", with(map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: "other.lease"}), false},
+		{"without the managed-by label", with(map[string]string{InstallLabel: suiteInstallID}), false},
+		{"without the owner label", map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: suiteInstallID, ServiceLabel: "web"}, false},
+		{"without the Service label", map[string]string{ManagedByLabel: ManagedByValue, InstallLabel: suiteInstallID, ServiceEntryOwnerLabel: "web"}, false},
 	} {
 		if got := r.upToDate(withLabels(c.labels), desired); got != c.want {
 			t.Errorf("%s: upToDate = %v, want %v", c.name, got, c.want)

@@ -28,6 +28,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/mesh/istio"
 	"github.com/adaptive-lb/adaptive-lb/internal/progress"
 	"github.com/adaptive-lb/adaptive-lb/internal/testtools"
 )
@@ -200,6 +201,16 @@ func runSuite(m *testing.M) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	vmDir, err := os.MkdirTemp("", "adaptivelb-suite-vm-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(vmDir) }()
+	if suiteIstiod, err = startIstiodScrape(ctx, vmDir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	if err := startOperator(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -285,6 +296,16 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 		StaleServiceEntryTimeout: suiteStaleTimeout,
 		InstallID:                suiteInstallID,
 		Progress:                 suiteProgress,
+	}
+	// The mesh's clusters are judged as a default install does, from istiod's own gauge in the
+	// TSDB; without VictoriaMetrics the operator is told the mesh is one cluster.
+	if suiteIstiod != nil {
+		if r.RemoteClusters, err = suiteIstiod.probe(); err != nil {
+			return err
+		}
+	} else {
+		r.Mesh = DefaultMeshSource()
+		r.Mesh.MultiCluster = istio.MultiClusterFalse
 	}
 	r.observePropagation = propagationSamples.add
 	suiteReconciler = r

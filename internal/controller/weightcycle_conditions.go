@@ -54,6 +54,9 @@ func (d *dueTarget) conditions(o cycle.Outcome, gen int64, prevMetricsReason str
 	case d.writeErr != nil:
 		weightsCond.Status, weightsCond.Reason = metav1.ConditionFalse, adlbv1.ReasonWriteFailed
 		weightsCond.Message = "the weight write failed; the ServiceEntry keeps its weights and the next cycle retries: " + shorten(d.writeErr.Error(), 200)
+		if len(d.reached) > 0 {
+			weightsCond.Message = "the weight write failed part-way: the ServiceEntry slices it reached carry the new weights, the others keep theirs, and the next cycle writes the rest: " + shorten(d.writeErr.Error(), 200)
+		}
 	case o.Err != nil:
 		weightsCond.Status, weightsCond.Reason, weightsCond.Message = metav1.ConditionFalse, adlbv1.ReasonWriteFailed, shorten(o.Err.Error(), 300)
 	case o.Action == cycle.ActionDeferred:

@@ -34,7 +34,7 @@ func (w *WeightCycle) tell(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer
 	details := strings.Join(d.health.detail, "; ")
 	switch {
 	case d.writeErr != nil:
-		logger.Error(d.writeErr, "weight write failed; the ServiceEntry keeps its weights and the next cycle retries")
+		logger.Error(d.writeErr, "weight write failed; the ServiceEntry slices it did not reach keep their weights and the next cycle retries", "endpointsReached", len(d.reached))
 		w.Recorder.Event(alb, corev1.EventTypeWarning, adlbv1.ReasonWriteFailed, shorten("weight write failed: "+d.writeErr.Error(), 1000))
 	case o.Action == cycle.ActionWrite:
 		logger.Info("weights written", "reason", o.Reason, "endpoints", len(o.Decision.Endpoints), "largestChangeFactor", strconv.FormatFloat(math.Exp(o.Need), 'f', 2, 64), "fallback", o.Fallback,

@@ -49,8 +49,10 @@ type dueTarget struct {
 	// observed is what the engine was given this cycle, and health what the metrics were like.
 	observed cycle.Target
 	health   metricsHealth
-	// writeErr is the failure of this cycle's weight write.
+	// writeErr is the failure of this cycle's weight write; reached, after a failure part-way
+	// over the slices, the weights by address of the slices written before it (nil: none).
 	writeErr error
+	reached  map[string]int
 	// serviceRate is the Service's request rate this cycle: the sum of its pods' usable rates.
 	serviceRate float64
 	// peak is the highest of the Service's rates within peakRateWindow, for status.recentPeak;

@@ -26,10 +26,19 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		return client.IgnoreNotFound(err)
 	}
 	applied := d.writeErr == nil && o.Action == cycle.ActionWrite
-	if applied || (o.Action == cycle.ActionDryRun && d.writeErr == nil) {
+	// A write that failed part-way changed the slices it reached (d.reached): what it wrote is
+	// reported, the rest keeps what it had.
+	partly := d.writeErr != nil && len(d.reached) > 0
+	if applied || partly || (o.Action == cycle.ActionDryRun && d.writeErr == nil) {
 		ws, pods := map[string]int{}, map[string]string{}
 		for _, r := range o.Decision.Endpoints {
 			ws[r.ID] = r.Weight
+			if partly {
+				ws[r.ID] = d.current[r.ID]
+				if reached, ok := d.reached[r.ID]; ok {
+					ws[r.ID] = reached
+				}
+			}
 			if p, ok := d.pods[r.ID]; ok {
 				pods[r.ID] = p.Name
 			}
@@ -51,10 +60,14 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		metricsCond, weightsCond = d.conditions(o, alb.Generation, oldMetrics.Reason)
 		meta.SetStatusCondition(&alb.Status.Conditions, metricsCond)
 		meta.SetStatusCondition(&alb.Status.Conditions, weightsCond)
-		if d.writeErr == nil {
-			d.setEndpoints(&alb.Status, o, now)
+		switch {
+		case d.writeErr == nil:
+			d.setEndpoints(&alb.Status, o, now, nil)
+		case partly:
+			d.setEndpoints(&alb.Status, o, now, d.reached)
 		}
-		if applied {
+		if applied || partly {
+			// The next cycle's metrics window counts from the weights' change, all of it or part.
 			t := metav1.NewTime(now)
 			alb.Status.LastWeightWrite = &t
 		}
@@ -96,8 +109,9 @@ func modelCheckStatus(old *adlbv1.ModelCheck, o cycle.Outcome, applied bool, now
 }
 
 // setEndpoints writes the cycle's part of each endpoint's status: its reason and signals, and
-// its weight when it was written (or, in DryRun, would be).
-func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cycle.Outcome, now time.Time) {
+// its weight when it was written (or, in DryRun, would be). With reached (a write that failed
+// part-way), only the endpoints of the slices it wrote, at the weights it wrote.
+func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cycle.Outcome, now time.Time, reached map[string]int) {
 	reasons := map[string]weights.Result{}
 	for _, r := range o.Decision.Endpoints {
 		reasons[r.ID] = r
@@ -114,6 +128,13 @@ func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cy
 		r, ok := reasons[e.IP]
 		if !ok {
 			continue
+		}
+		if reached != nil {
+			weight, written := reached[e.IP]
+			if !written {
+				continue // its slice was not written: its weight and reason stand
+			}
+			r.Weight = weight
 		}
 		e.Reason = r.Reason
 		e.CPUCores, e.RequestRate = "", ""

@@ -72,6 +72,11 @@ const loopInterval = 5 * time.Second
 
 // newLoopFixture builds the fixture; podOpts, if given, returns the options of pod i (0-based).
 func newLoopFixture(t *testing.T, mode adlbv1.Mode, podOpts ...func(i int) []func(*corev1.Pod)) *loopFixture {
+	return newLoopFixtureOf(t, mode, 6, podOpts...)
+}
+
+// newLoopFixtureOf is newLoopFixture with pods pods, web-1 to web-<pods> at 10.20.<i/200>.<i%200+1>.
+func newLoopFixtureOf(t *testing.T, mode adlbv1.Mode, pods int, podOpts ...func(i int) []func(*corev1.Pod)) *loopFixture {
 	requireVM(t)
 	f := newFixture(t)
 	f.node("node-a", "eu-west", "eu-west-1a")
@@ -85,8 +90,8 @@ func newLoopFixture(t *testing.T, mode adlbv1.Mode, podOpts ...func(i int) []fun
 	t.Cleanup(func() { sharedMembership.SetClock(clock.RealClock{}) })
 	f.service("web")
 	var eps []sliceEndpoint
-	for i := 1; i <= 6; i++ {
-		name, ip := fmt.Sprintf("web-%d", i), fmt.Sprintf("10.20.0.%d", i)
+	for i := 1; i <= pods; i++ {
+		name, ip := fmt.Sprintf("web-%d", i), fmt.Sprintf("10.20.%d.%d", (i-1)/200, (i-1)%200+1)
 		opts := []func(*corev1.Pod){withCPULimit("2")}
 		for _, po := range podOpts {
 			opts = append(opts, po(i-1)...)

@@ -21,6 +21,14 @@ import (
 // cycle read the ServiceEntry; the cycle's decision counts endpoints that left.
 var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weights since this cycle planned")
 
+// weightWrite is what a weight write reached: the weight each address now has in the slices
+// the write patched or found already carrying the decision, and how many slices it patched.
+// After a failure part-way it holds the slices written before the failure.
+type weightWrite struct {
+	weights map[string]int
+	patched int
+}
+
 // writeWeights patches the weights of the ServiceEntry slices' current endpoints to decision's,
 // each slice with the operator's record of its own endpoints in the same write, and only the
 // slices whose weights change; an endpoint the mirror added or removed meanwhile is left to the
@@ -30,8 +38,9 @@ var errSupersededByReplan = errors.New("the endpoint mirror re-planned the weigh
 // versions patched under an optimistic lock, so that a re-plan written after the check makes the
 // patch conflict instead of being overwritten (the cycle then yields to it too), and a re-plan
 // whose write failed is not yielded to. A failure part-way leaves the slices written so far
-// with the new weights; the error says how many, and the next cycle writes the rest.
-func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool) error {
+// with the new weights: the error says how many, what it returns lists them (the membership
+// records them too), and the next cycle writes the rest.
+func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision weights.Decision, yieldToReplan bool) (weightWrite, error) {
 	next := decision.Weights()
 	if w.Versions == nil { // the cycle holds w.mu here
 		w.Versions = &ServiceEntryVersions{}
@@ -45,11 +54,11 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		key := client.ObjectKeyFromObject(listed)
 		cached := &networkingv1.ServiceEntry{}
 		if err := w.Client.Get(ctx, key, cached); err != nil {
-			return fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
+			return weightWrite{}, fmt.Errorf("get ServiceEntry %s/%s: %w", key.Namespace, key.Name, err)
 		}
 		se := w.Versions.newest(key, cached)
 		if yieldToReplan && replannedAt(se).After(d.replannedAt) {
-			return errSupersededByReplan
+			return weightWrite{}, errSupersededByReplan
 		}
 		all = append(all, pending{se: se, base: se.DeepCopy()})
 		for _, e := range se.Spec.Endpoints {
@@ -60,25 +69,30 @@ func (w *WeightCycle) writeWeights(ctx context.Context, d *dueTarget, decision w
 		}
 	}
 	istio.LimitWeightSum(entries)
-	written := 0
+	reached := weightWrite{weights: map[string]int{}}
+	var err error
 	for _, p := range all {
-		if proto.Equal(&p.se.Spec, &p.base.Spec) {
-			continue
-		}
-		if err := w.patchWeights(ctx, d, p.se, p.base, yieldToReplan); err != nil {
-			if written > 0 {
-				return fmt.Errorf("%w (the weights reached %d of the Service's %d ServiceEntry slices; the next cycle writes the rest)", err, written, len(all))
+		if !proto.Equal(&p.se.Spec, &p.base.Spec) {
+			if err = w.patchWeights(ctx, d, p.se, p.base, yieldToReplan); err != nil {
+				break
 			}
-			return err
+			reached.patched++
 		}
-		written++
+		for _, e := range p.se.Spec.Endpoints {
+			reached.weights[e.Address] = int(e.Weight)
+		}
 	}
-	if written == 0 {
-		return nil
+	if reached.patched > 0 {
+		w.Membership.Weighted(d.key, reached.weights)
+		w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Add(float64(reached.patched))
 	}
-	w.Membership.Weighted(d.key, next)
-	w.Metrics.ServiceEntryWrites.WithLabelValues(WriteReasonWeights).Add(float64(written))
-	return nil
+	switch {
+	case err != nil && reached.patched > 0:
+		return reached, fmt.Errorf("%w (the weights reached %d of the Service's %d ServiceEntry slices; the next cycle writes the rest)", err, reached.patched, len(all))
+	case err != nil:
+		return weightWrite{}, err
+	}
+	return reached, nil
 }
 
 // patchWeights writes one slice's new weights, se (changed from base), with its record.
@@ -155,22 +169,27 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 		}
 		if o.Action == cycle.ActionWrite {
 			// A fallback to equal weights is written whatever the mirror re-planned.
-			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback)
+			reached, err := w.writeWeights(ctx, d, o.Decision, !o.Fallback)
 			if errors.Is(err, errSupersededByReplan) {
 				o.Action = cycle.ActionNone
 				o.Reason = "endpoints left while this cycle planned: the weights the mirror re-planned for the endpoints that stay are kept until the next cycle"
-			} else if err != nil {
-				// Nothing was applied: the status must say so and keep the weights and the
-				// lastWeightWrite the ServiceEntry really has.
-				w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
-				d.writeErr = err
-				w.notFallenBack(d, prev)
 			} else {
-				// Push estimates need when the writes really reached the API server, not the cycle's clock.
-				at := time.Now()
-				report.Writes = append(report.Writes, at)
-				report.Written = append(report.Written, d.key)
-				report.Pushes += len(w.debouncer.Observe(at))
+				if err != nil {
+					// The status must say what the ServiceEntry really has: the slices written
+					// before the failure (d.reached) carry the new weights, the others their old.
+					w.Metrics.ReconcileErrors.WithLabelValues(errorReason(err)).Inc()
+					d.writeErr, d.reached = err, reached.weights
+					w.notFallenBack(d, prev)
+				}
+				if reached.patched > 0 {
+					// Push estimates need when the writes really reached the API server, not the cycle's clock.
+					at := time.Now()
+					report.Writes = append(report.Writes, at)
+					report.Pushes += len(w.debouncer.Observe(at))
+				}
+				if err == nil {
+					report.Written = append(report.Written, d.key)
+				}
 			}
 		}
 		if d.health.complete > 0 {

@@ -170,6 +170,11 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		if !decideWith(&out, in, t.Settings) {
 			return out, st
 		}
+		if !judgedModel(t, out.Decision) {
+			// Too few measurements to check the model against: the distrust the last verdicts
+			// left stands, for the next cycle, the status and a new leader alike.
+			out.Decision.ModelDistrust = st.ModelDistrust
+		}
 		if !t.DryRun {
 			// In DryRun the pods carry the mirror's equal weights, not the engine's: what the
 			// measurements say of that split is no verdict on the model.
@@ -193,6 +198,14 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		out.Action = ActionWrite
 	}
 	return out, st
+}
+
+// judgedModel reports whether the engine's decision rests on enough measurements to judge the
+// tail algorithm's model (weights.Decision.ModelDistrust): with fewer than two measured
+// endpoints, or none at all, the engine returns equal weights and no verdict, and its distrust
+// of 0 would be taken for a model proven right.
+func judgedModel(t Target, d weights.Decision) bool {
+	return len(t.Endpoints) > 0 && d.Reason != weights.ReasonTooFewWithData
 }
 
 // decideWith runs the engine into out; on an engine error it records it, leaves the target alone

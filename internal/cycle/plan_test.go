@@ -443,3 +443,28 @@ func TestPlan_TheModelsDistrustIsCarriedIntoTheNextDecision(t *testing.T) {
 		t.Fatalf("ModelDistrust after a calm window = %v, want 0.75", got)
 	}
 }
+
+// A cycle that measures fewer than two endpoints (a scrape gap, every pod but one idle) or none
+// at all says nothing about the model: the distrust the last overrule left is carried on, into
+// the next cycle and into the decision the status (status.modelCheck) and a new leader read,
+// instead of falling back to full trust in the model the measurement overruled.
+func TestPlan_ACycleThatMeasuresTooFewEndpointsKeepsTheModelsDistrust(t *testing.T) {
+	oneMeasured := hotTarget("ns/one-measured")
+	for i := 1; i < len(oneMeasured.Endpoints); i++ {
+		oneMeasured.Endpoints[i].HasMetrics = false
+	}
+	noEndpoints := hotTarget("ns/no-endpoints")
+	noEndpoints.Endpoints = nil
+	for _, tg := range []Target{oneMeasured, noEndpoints} {
+		outs, next := Plan(t0, []Target{tg}, map[string]State{tg.Key: {LastGoodMetrics: t0.Add(-interval), ModelDistrust: 0.75}}, 0)
+		if outs[0].Err != nil {
+			t.Fatalf("%s: %v", tg.Key, outs[0].Err)
+		}
+		if got := next[tg.Key].ModelDistrust; got != 0.75 {
+			t.Errorf("%s: ModelDistrust carried to the next cycle = %v, want 0.75 (%s)", tg.Key, got, outs[0].Reason)
+		}
+		if got := outs[0].Decision.ModelDistrust; got != 0.75 {
+			t.Errorf("%s: the decision's ModelDistrust (status.modelCheck) = %v, want 0.75", tg.Key, got)
+		}
+	}
+}

@@ -54,6 +54,10 @@ type Config struct {
 	FreshnessQueries QueryTemplates
 	// Labels overrides the label names that identify pods.
 	Labels Labels
+	// RemoteClustersQuery replaces DefaultRemoteClustersQuery, istiod's count of the remote
+	// clusters it reads ({{.Namespaces}} is istiod's namespace): for a TSDB that holds several
+	// clusters' series, one that selects this cluster's.
+	RemoteClustersQuery string
 	// DisableLatencyHistogram leaves out the per-pod latency histogram query
 	// (DefaultLatencyHistogramQuery): its response has one series per pod and bucket, about
 	// twenty times the other queries', which the largest fleets may not want to pay for.
@@ -114,6 +118,11 @@ func (c Config) Validate() error {
 		}
 		if strings.EqualFold(name, "Authorization") {
 			errs = append(errs, errors.New("set the Authorization header through the bearer token file or basic auth, not as an extra header"))
+		}
+	}
+	if c.RemoteClustersQuery != "" {
+		if err := ValidateTemplate(remoteClustersQueryName, c.RemoteClustersQuery); err != nil {
+			errs = append(errs, fmt.Errorf("remote clusters query: %w", err))
 		}
 	}
 	for _, set := range []struct {

@@ -43,6 +43,8 @@ type prometheusSource struct {
 	metrics   *instrumentation
 	// histogram is the latency histogram query's template; empty when disabled.
 	histogram string
+	// remoteClusters is istiod's remote cluster count query's template (istiod.go).
+	remoteClusters string
 
 	mu        sync.Mutex
 	templates map[string]*template.Template
@@ -60,16 +62,17 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 		return nil, fmt.Errorf("registering metrics source metrics: %w", err)
 	}
 	return &prometheusSource{
-		client:    client,
-		http:      &http.Client{Transport: rt},
-		timeout:   cfg.timeout(),
-		maxBytes:  cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes),
-		queries:   cfg.Queries.Or(DefaultQueries),
-		freshness: cfg.FreshnessQueries.Or(DefaultFreshnessQueries),
-		labels:    cfg.Labels.withDefaults(),
-		metrics:   in,
-		histogram: histogramTemplate(cfg),
-		templates: map[string]*template.Template{},
+		client:         client,
+		http:           &http.Client{Transport: rt},
+		timeout:        cfg.timeout(),
+		maxBytes:       cmp.Or(cfg.MaxResponseBytes, DefaultMaxResponseBytes),
+		queries:        cfg.Queries.Or(DefaultQueries),
+		freshness:      cfg.FreshnessQueries.Or(DefaultFreshnessQueries),
+		labels:         cfg.Labels.withDefaults(),
+		metrics:        in,
+		histogram:      histogramTemplate(cfg),
+		remoteClusters: cmp.Or(cfg.RemoteClustersQuery, DefaultRemoteClustersQuery),
+		templates:      map[string]*template.Template{},
 	}, nil
 }
 

@@ -46,10 +46,15 @@ type Config struct {
 	Describe func(status int, contentType string, body []byte) string
 }
 
-// DefaultConfig: kube-apiserver sends a bookmark to every watch each minute, so 90 s of silence
-// means a wedged stream; the watch that replaces a cut one has its first bookmark within a minute,
-// so 3 min without progress means the informer no longer gets data; a failure not repaired by the
-// informer's first retries (0.8 s, 1.6 s, 3.2 s) within 5 s is more than a blip.
+// DefaultConfig: kube-apiserver sends a watch resumed from a resourceVersion a bookmark each
+// minute, also when nothing of its resource changes, so 90 s of silence there means a wedged
+// stream. The informer's first watch, a watch-list that begins with the objects, gets no further
+// bookmark while nothing of its resource changes (TestInformers_AQuietClusterIsNotTakenForABlindOne
+// found it on a quiet cluster): it is cut after 90 s too, and the watch that resumes from its
+// resourceVersion has its first bookmark within a minute. So at most 90 s, a tick of the cut and a
+// minute pass without data, and 3 min without progress means the informer no longer gets data; a
+// failure not repaired by the informer's first retries (0.8 s, 1.6 s, 3.2 s) within 5 s is more
+// than a blip.
 func DefaultConfig() Config {
 	return Config{SilenceLimit: 90 * time.Second, BlindAfter: 3 * time.Minute, ErrorGrace: 5 * time.Second}
 }
@@ -136,7 +141,7 @@ func (t *Tracker) Blind() []Blindness {
 			out = append(out, Blindness{Informer: key, Resource: inf.resource, Since: inf.errorSince, Cause: inf.lastError})
 		case now.Sub(last) >= t.cfg.BlindAfter:
 			out = append(out, Blindness{Informer: key, Resource: inf.resource, Since: last, Cause: fmt.Sprintf(
-				"nothing received for longer than %v (no list completed, no event and no bookmark on its watch, though the API server sends one every minute)",
+				"nothing received for longer than %v (no list completed, no event and no bookmark on its watch, though the API server sends a resumed watch one every minute and a silent watch is resumed)",
 				t.cfg.BlindAfter)})
 		}
 	}
@@ -182,22 +187,30 @@ func (t *Tracker) Run(ctx context.Context) {
 	}
 }
 
-// Wrap returns a transport that records the informers' requests sent through next. Only lists
-// and watches (GETs of a collection) are recorded: an informer sends nothing else.
+// Wrap returns a transport that records the informers' requests sent through next, to an API
+// server served at the root of its URL. Only lists and watches (GETs of a collection) are
+// recorded: an informer sends nothing else.
 func (t *Tracker) Wrap(next http.RoundTripper) http.RoundTripper {
-	return &transport{t: t, next: next}
+	return t.WrapUnder("", next)
+}
+
+// WrapUnder is Wrap for an API server served under pathPrefix: the path of its URL before /api
+// and /apis, such as Rancher's /k8s/clusters/<cluster id>.
+func (t *Tracker) WrapUnder(pathPrefix string, next http.RoundTripper) http.RoundTripper {
+	return &transport{t: t, next: next, prefix: strings.TrimSuffix(pathPrefix, "/")}
 }
 
 type transport struct {
-	t    *Tracker
-	next http.RoundTripper
+	t      *Tracker
+	next   http.RoundTripper
+	prefix string
 }
 
 // errCut fails a list or watch cut before the API server answered.
 var errCut = errors.New("adaptive-lb cut this list or watch: the API server sent nothing for longer than its bookmark period allows")
 
 func (rt *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	key, resource, ok := informerKey(req)
+	key, resource, ok := informerKey(req, rt.prefix)
 	if !ok {
 		return rt.next.RoundTrip(req)
 	}
@@ -343,13 +356,18 @@ func (t *Tracker) describe(resp *http.Response) string {
 }
 
 // informerKey names the informer a request belongs to: the resource, group and namespace of a
-// GET of a collection (a list or a watch), e.g. "endpointslices.discovery.k8s.io in shop", and
-// the resource alone ("endpointslices.discovery.k8s.io"). It returns false for any other request.
-func informerKey(req *http.Request) (key, resource string, ok bool) {
+// GET of a collection (a list or a watch) under prefix, e.g. "endpointslices.discovery.k8s.io
+// in shop", and the resource alone ("endpointslices.discovery.k8s.io"). It returns false for
+// any other request.
+func informerKey(req *http.Request, prefix string) (key, resource string, ok bool) {
 	if req.Method != http.MethodGet {
 		return "", "", false
 	}
-	parts := strings.Split(strings.Trim(req.URL.Path, "/"), "/")
+	path, ok := strings.CutPrefix(req.URL.Path, prefix+"/")
+	if !ok {
+		return "", "", false
+	}
+	parts := strings.Split(strings.Trim(path, "/"), "/")
 	var group string
 	var rest []string
 	switch {

@@ -183,12 +183,17 @@ func TestTracker_OnlyListsAndWatchesAreInformerTraffic(t *testing.T) {
 		"/openapi/v3": "",
 	} {
 		req := httptest.NewRequest(http.MethodGet, path, nil)
-		got, _, ok := informerKey(req)
+		got, _, ok := informerKey(req, "")
 		if got != want || ok != (want != "") {
 			t.Errorf("%s: informer %q (%v), want %q", path, got, ok, want)
 		}
+		// The same API server under Rancher's path for a downstream cluster.
+		prefixed := httptest.NewRequest(http.MethodGet, "/k8s/clusters/c-m-4xkq2"+path, nil)
+		if got, _, ok := informerKey(prefixed, "/k8s/clusters/c-m-4xkq2"); got != want || ok != (want != "") {
+			t.Errorf("%s under /k8s/clusters/c-m-4xkq2: informer %q (%v), want %q", path, got, ok, want)
+		}
 	}
-	if _, _, ok := informerKey(httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/shop/pods", nil)); ok {
+	if _, _, ok := informerKey(httptest.NewRequest(http.MethodPost, "/api/v1/namespaces/shop/pods", nil), ""); ok {
 		t.Error("a POST counted as informer traffic")
 	}
 

@@ -111,7 +111,7 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 		"--tsdb-path-prefix=/select/0/prometheus", "--tsdb-header=X-Scope-OrgID=team-a", "--tsdb-bearer-token-file=/var/run/secrets/tsdb/token/token",
 		"--metrics-bind-address=:8443", "--health-probe-bind-address=:8081", "--write-budget=50",
 		"--tsdb-tls-ca-file=/var/run/secrets/tsdb/tls/ca.crt", "--tsdb-tls-cert-file=/var/run/secrets/tsdb/tls/tls.crt",
-		"--tsdb-tls-key-file=/var/run/secrets/tsdb/tls/tls.key", "--endpoint-weight-metrics=false"} {
+		"--tsdb-tls-key-file=/var/run/secrets/tsdb/tls/tls.key", "--endpoint-weight-metrics=false", "--mesh-multi-cluster=auto"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}

@@ -106,7 +106,7 @@ func localShare(cla *endpointv3.ClusterLoadAssignment, local map[string]bool) (f
 // local ones, at weight 1 (across networks: the remote network's gateway, weighted by their
 // count): the operator's weights, in the same LocalityLbEndpoints, would also decide how much
 // traffic stays in this cluster, and only all-equal weights keep the split. So the operator
-// refuses a multi-cluster mesh (istiod's remote secret for the second cluster is what it sees),
+// refuses a multi-cluster mesh (istiod's count of its remote clusters is what it sees),
 // and the test records what a ServiceEntry written anyway would do: the local share moves from
 // 57.1% (4 of 7 pods) to 99.4% (460 of 463).
 func TestServiceEntryInMultiClusterMesh(t *testing.T) {
@@ -121,9 +121,13 @@ func TestServiceEntryInMultiClusterMesh(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := multiClusterWorld()
 			w.mesh.Network = tc.network
-			w.mesh.MultiCluster = []string{"remote secret istio-system/istio-remote-secret-" + remoteCluster}
-			if _, _, err := istio.Build(w.input()); !errors.Is(err, istio.ErrMultiCluster) || !strings.Contains(err.Error(), "istio-remote-secret-"+remoteCluster) {
-				t.Fatalf("Build in a multi-cluster mesh: err = %v, want ErrMultiCluster naming the remote secret", err)
+			clusters, err := istio.JudgeClusters(istio.MultiClusterAuto, "", istio.RemoteClusterReport{ByIstiod: map[string]float64{"istio-system/istiod-7d9f": 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.mesh.MultiCluster = clusters.Several
+			if _, _, err := istio.Build(w.input()); !errors.Is(err, istio.ErrMultiCluster) || !strings.Contains(err.Error(), "istiod istio-system/istiod-7d9f reads 1 remote cluster ") {
+				t.Fatalf("Build in a multi-cluster mesh: err = %v, want ErrMultiCluster naming istiod's count", err)
 			}
 
 			// What a ServiceEntry written anyway would do.

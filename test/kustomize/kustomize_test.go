@@ -6,6 +6,7 @@ package kustomize
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,4 +173,26 @@ func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 		}
 	}
 	return false
+}
+
+// No Role or ClusterRole of config/default (and config/rbac, which it includes) lets anyone read
+// Secrets, and every binding points at a role it defines (see testtools.SecretGrants).
+func TestKustomize_NoRoleGrantsSecrets(t *testing.T) {
+	objs := build(t)
+	grants, err := testtools.SecretGrants(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(grants) > 0 {
+		t.Fatalf("config/default grants access to Secrets:\n%s", strings.Join(grants, "\n"))
+	}
+	roles := 0
+	for _, o := range objs {
+		if o.GetKind() == "Role" || o.GetKind() == "ClusterRole" {
+			roles++
+		}
+	}
+	if roles < 4 {
+		t.Fatalf("only %d Roles and ClusterRoles built: the build is not config/default's", roles)
+	}
 }

@@ -24,9 +24,15 @@ type Mesh struct {
 	// IstioVersion is the lowest version of istiod found in the cluster, such as "1.29.2"; ""
 	// when unknown.
 	IstioVersion string
-	// MultiCluster lists what shows that the mesh spans several clusters (istiod's remote
-	// secrets, mesh networks fed by other registries); empty for a mesh of this cluster only.
+	// MultiCluster lists what shows that the mesh spans several clusters (istiod's own count of
+	// its remote clusters, mesh networks fed by other registries, the operator told so); empty
+	// for a mesh of this cluster only. See JudgeClusters.
 	MultiCluster []string
+	// ClustersUnknown says why the operator cannot tell whether the mesh spans several clusters
+	// ("" when it can): every Service is then refused, as for several.
+	ClustersUnknown string
+	// SingleCluster says what shows that the mesh is this cluster alone, for the status.
+	SingleCluster string
 }
 
 // ErrMultiCluster marks a mesh that spans several clusters: the weights cannot keep the split
@@ -62,15 +68,9 @@ type meshNetworks struct {
 	} `json:"networks,omitempty"`
 }
 
-// MultiClusterEvidence lists what shows that the mesh spans several clusters: istiod's remote
-// secrets (the Secrets labelled istio/multiCluster=true in its namespace, one per other cluster
-// it reads), and mesh networks that name more than one registry. networks is the meshNetworks
-// YAML ("" for none).
-func MultiClusterEvidence(remoteSecrets []string, networks string) ([]string, error) {
-	var out []string
-	for _, s := range remoteSecrets {
-		out = append(out, "remote secret "+s)
-	}
+// meshNetworksRegistries lists, sorted, the registries (clusters) that feed the mesh networks of
+// istiod's meshNetworks YAML ("" for none).
+func meshNetworksRegistries(networks string) ([]string, error) {
 	var parsed meshNetworks
 	if err := yaml.Unmarshal([]byte(networks), &parsed); err != nil {
 		return nil, fmt.Errorf("%w: meshNetworks: %v", ErrMeshConfig, err)
@@ -83,12 +83,8 @@ func MultiClusterEvidence(remoteSecrets []string, networks string) ([]string, er
 			}
 		}
 	}
-	if len(registries) > 1 {
-		sort.Strings(registries)
-		out = append(out, "meshNetworks registries "+strings.Join(registries, ", "))
-	}
-	sort.Strings(out)
-	return out, nil
+	sort.Strings(registries)
+	return registries, nil
 }
 
 // checkMultiCluster refuses a mesh of several clusters. istiod lists the other clusters' pods of
@@ -97,10 +93,17 @@ func MultiClusterEvidence(remoteSecrets []string, networks string) ([]string, er
 // local pods would also decide how much traffic stays in this cluster (with 4 local pods
 // weighted 100/300/50/10 and 3 remote ones, 99.4% instead of 57.1%). Only an all-equal weight
 // keeps the split, which weights nothing (test/istiod TestServiceEntryInMultiClusterMesh).
+// A mesh the operator cannot tell from one of several clusters is refused the same way: the
+// evidence of one cluster is istiod's own count, and without it a ServiceEntry may be the
+// weighted copy of a Service that also runs elsewhere.
 func checkMultiCluster(in Input) error {
-	if len(in.Mesh.MultiCluster) == 0 {
-		return nil
+	switch {
+	case len(in.Mesh.MultiCluster) > 0:
+		return fmt.Errorf("%w: the mesh spans several clusters (%s); istiod merges the other clusters' pods of %s beside the ServiceEntry's weighted copies at weight 1, so the weights would also move traffic between the clusters. adaptive-lb weights Services of single-cluster meshes only",
+			ErrMultiCluster, strings.Join(in.Mesh.MultiCluster, "; "), Host(in.Service, in.ClusterDomain))
+	case in.Mesh.ClustersUnknown != "":
+		return fmt.Errorf("%w: adaptive-lb cannot tell whether the mesh spans several clusters: %s. If it did, istiod would merge the other clusters' pods of %s beside the ServiceEntry's weighted copies and the weights would also move traffic between the clusters, so no ServiceEntry is written. Have the TSDB scrape istiod's metrics (its istiod_managed_clusters gauge, port 15014), or, if the mesh is this cluster alone, set --mesh-multi-cluster=false (chart: mesh.multiCluster: false)",
+			ErrMultiCluster, in.Mesh.ClustersUnknown, Host(in.Service, in.ClusterDomain))
 	}
-	return fmt.Errorf("%w: the mesh spans several clusters (%s); istiod merges the other clusters' pods of %s beside the ServiceEntry's weighted copies at weight 1, so the weights would also move traffic between the clusters. adaptive-lb weights Services of single-cluster meshes only",
-		ErrMultiCluster, strings.Join(in.Mesh.MultiCluster, "; "), Host(in.Service, in.ClusterDomain))
+	return nil
 }

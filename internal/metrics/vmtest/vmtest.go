@@ -34,6 +34,18 @@ type Server struct {
 // stopped when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return start(t, false)
+}
+
+// StartFresh is Start with VictoriaMetrics answering with the newest samples, as Prometheus does
+// (see Launch): for samples imported at the wall clock's time, as a scrape would.
+func StartFresh(t testing.TB) *Server {
+	t.Helper()
+	return start(t, true)
+}
+
+func start(t testing.TB, fresh bool) *Server {
+	t.Helper()
 	bin := os.Getenv(BinaryEnv)
 	if bin == "" {
 		msg := BinaryEnv + " is not set; run `make test` (it builds VictoriaMetrics and sets it)"
@@ -42,41 +54,57 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skip(msg)
 	}
-	port, err := freePort()
+	s, err := Launch(bin, t.TempDir(), fresh)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts VictoriaMetrics from bin with its data in dir and waits until it is healthy,
+// for a test suite's TestMain, which has no testing.TB; the caller stops it. With fresh it
+// answers with the newest samples, as Prometheus does, instead of 30 s in the past
+// (-search.latencyOffset=0): for series imported at the wall clock's time as a scrape would.
+func Launch(bin, dir string, fresh bool) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
 	out := &syncBuffer{}
-	cmd := exec.Command(bin,
-		"-httpListenAddr=127.0.0.1:"+port,
-		"-storageDataPath="+t.TempDir(),
-		// -search.latencyOffset keeps its default (30s), as on a stock install: a query for a
-		// time within 30 s of the wall clock is answered as of 30 s ago. Tests that need
-		// fresh-looking samples evaluate at a time well in the past (their own clock); the
-		// staleness tests rely on the default.
+	args := []string{
+		"-httpListenAddr=127.0.0.1:" + port,
+		"-storageDataPath=" + dir,
+		// Without fresh, -search.latencyOffset keeps its default (30s), as on a stock install:
+		// a query for a time within 30 s of the wall clock is answered as of 30 s ago. Tests
+		// that need fresh-looking samples evaluate at a time well in the past (their own
+		// clock); the staleness tests rely on the default.
 		// The cache is off because tests import samples into the past, which a cached
 		// result for that range would hide.
 		"-search.disableCache",
 		"-loggerLevel=ERROR",
-	)
+	}
+	if fresh {
+		args = append(args, "-search.latencyOffset=0s")
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
 	s := &Server{URL: "http://127.0.0.1:" + port, cmd: cmd, out: out}
-	t.Cleanup(s.Stop)
-
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(s.URL + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return s
+				return s, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("VictoriaMetrics did not become healthy within 30s: %v\n%s", err, out.String())
+			s.Stop()
+			return nil, fmt.Errorf("VictoriaMetrics did not become healthy within 30s: %v\n%s", err, out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -113,8 +141,9 @@ func (s *Server) ImportText(t testing.TB, text string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s.do(t, ctx, http.MethodPost, "/api/v1/import/prometheus", text)
-	s.do(t, ctx, http.MethodGet, "/internal/force_flush", "")
+	if err := s.Import(ctx, text); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // ImportTextUnflushed loads samples the way a scraper's writes arrive: without the forced flush,
@@ -124,23 +153,33 @@ func (s *Server) ImportTextUnflushed(t testing.TB, text string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s.do(t, ctx, http.MethodPost, "/api/v1/import/prometheus", text)
+	if err := s.do(ctx, http.MethodPost, "/api/v1/import/prometheus", text); err != nil {
+		t.Fatal(err)
+	}
 }
 
-func (s *Server) do(t testing.TB, ctx context.Context, method, path, body string) {
-	t.Helper()
+// Import is ImportText returning its error, for callers without a testing.TB.
+func (s *Server) Import(ctx context.Context, text string) error {
+	if err := s.do(ctx, http.MethodPost, "/api/v1/import/prometheus", text); err != nil {
+		return err
+	}
+	return s.do(ctx, http.MethodGet, "/internal/force_flush", "")
+}
+
+func (s *Server) do(ctx context.Context, method, path, body string) error {
 	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		t.Fatalf("%s %s: HTTP %d\n%s", method, path, resp.StatusCode, s.out.String())
+		return fmt.Errorf("%s %s: HTTP %d\n%s", method, path, resp.StatusCode, s.out.String())
 	}
+	return nil
 }
 
 // Counter returns text-format lines for a counter growing linearly at perSecond, sampled every
