@@ -138,7 +138,7 @@ func TestSimulate_NoMetricsLagReadsEveryCounterEachSecondAndSaysSo(t *testing.T)
 		scrape     string
 		offsetJSON string
 	}{
-		{nil, "metrics scraped every 15s, read 30s in the past", "15s", "30s"},
+		{nil, "metrics scraped every 15s, adaptive-lb reading the newest data (ingested 4s after each scrape), the published rules 30s in the past", "15s", "30s"},
 		{[]string{"--no-metrics-lag"}, "metrics without lag", "1s", "0s"},
 	} {
 		jsonPath := filepath.Join(dir, "r.json")
