@@ -9,8 +9,9 @@ import (
 // Client-side peers of adaptive-lb, each modelled from its published description (docs/simulator.md,
 // "Peers"). They replace the client balancer; adaptive-lb's controller is off.
 const (
-	// PolicyORCAWRR is Envoy's client-side weighted round robin fed by ORCA load reports
-	// (Istio's BackendUtilizationLB): weight = qps / (utilization + errorPenalty × eps/qps).
+	// PolicyORCAWRR is Envoy's client-side weighted round robin fed by ORCA load reports, as
+	// Istio 1.32's DestinationRule backendUtilization load balancer configures it: weight = qps /
+	// (utilization + errorPenalty × eps/qps), with Istio's error penalty of 0.
 	PolicyORCAWRR = "orca-wrr"
 	// PolicyPeakEWMA is power-of-two-choices over cost = peak-EWMA latency × (active + 1)
 	// (Finagle, Linkerd, Envoy contrib).
@@ -25,7 +26,7 @@ const (
 	orcaUpdatePeriod   = 1.0   // s, weight_update_period
 	orcaBlackout       = 10.0  // s, blackout_period
 	orcaExpiration     = 180.0 // s, weight_expiration_period
-	orcaErrorPenalty   = 1.0   // error_utilization_penalty
+	orcaErrorPenalty   = 0.0   // error_utilization_penalty as Istio sends it (Envoy's own default is 1.0)
 	peakEWMADecay      = 10.0  // s, Linkerd's default decay
 	peakEWMAPenalty    = 1e6   // cost of a host with requests in flight and no RTT sample yet
 	prequalProbes      = 3     // probes sent per query (r_probe)

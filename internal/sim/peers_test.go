@@ -14,8 +14,9 @@ func TestORCAWeight_FormulaBlackoutAndExpiry(t *testing.T) {
 		want float64
 	}{
 		"inside the 10 s blackout after the first report": {now: 105, host: h, want: 0},
-		// weight = qps / (utilization + penalty × eps/qps) = 200 / (0.5 + 1 × 10/200)
-		"after the blackout: qps over utilization plus the error penalty": {now: 131, host: h, want: 200 / 0.55},
+		// weight = qps / (utilization + penalty × eps/qps) = 200 / (0.5 + 0 × 10/200): Istio's
+		// backendUtilization sends an error penalty of 0, so errors do not lower a weight.
+		"after the blackout: qps over utilization, errors not penalised as Istio configures it": {now: 131, host: h, want: 200 / 0.5},
 		"no report for more than 3 minutes: expired":                      {now: 130 + 181, host: h, want: 0},
 		"never reported": {now: 500, host: orcaHost{nonEmptySince: -1}, want: 0},
 	}
