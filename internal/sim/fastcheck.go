@@ -75,7 +75,9 @@ func (s *simulation) onFastCheck(t float64) error {
 			baseline[p.name] = base
 		}
 	}
-	d, err := weights.Relieve(weights.ReliefInput{Endpoints: eps, Baseline: baseline, Answered: answered, WindowSeconds: s.sc.Controller.FastCheckWindow.Seconds()}, *s.settings)
+	window := s.sc.Controller.FastCheckWindow.Seconds()
+	settled := s.lastApply <= visibleTo-window-s.sc.Controller.Metrics.ScrapeInterval.Seconds()
+	d, err := weights.Relieve(weights.ReliefInput{Endpoints: eps, Baseline: baseline, Answered: answered, WindowSeconds: window, WeightsSettled: settled}, *s.settings)
 	if err != nil || !d.Changed {
 		return err
 	}

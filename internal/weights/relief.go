@@ -75,6 +75,12 @@ type ReliefInput struct {
 	// WindowSeconds is the short window's length. Without it (0) a pod's CPU per request is not
 	// judged: how many requests stand behind it is unknown.
 	WindowSeconds float64
+	// WeightsSettled says the weights in force reached the clients a scrape interval or more
+	// before the short window began. Only then is a pod's CPU per request judged: the CPU and
+	// request counters are scraped at different instants, and across a change of the pod's load
+	// their short-window ratio is skewed by the change (a pod whose weight tripled can read three
+	// times its cost for one check).
+	WeightsSettled bool
 	// Answered marks, by ID, the endpoints whose weight a write lowered after the short window's
 	// middle: the window still shows the jump that write answered, so they are not judged again.
 	Answered map[string]bool
@@ -195,7 +201,7 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 		case u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
 			jumped[i] = fmt.Sprintf("%s: CPU %.0f%% of its limit, was %.0f%%, the fleet at %.0f%%", ep.ID, 100*u, 100*uBase, 100*fleet)
 			d.Endpoints[i].Reason = ReasonRelievedCPU
-		case steady && costJumped(ep, base, in.WindowSeconds):
+		case steady && in.WeightsSettled && costJumped(ep, base, in.WindowSeconds):
 			costRatio[i] = (ep.CPUCores / ep.RequestRate) / (base.CPUCores / base.RequestRate)
 			jumped[i] = fmt.Sprintf("%s: CPU per request %s, was %s", ep.ID, formatSeconds(ep.CPUCores/ep.RequestRate), formatSeconds(base.CPUCores/base.RequestRate))
 			d.Endpoints[i].Reason = ReasonRelievedCost

@@ -34,7 +34,7 @@ func TestRelieve_ASteadyFleetIsLeftAlone(t *testing.T) {
 	// Noise: some pods a little busier or slower than at the last cycle, none beyond a jump.
 	now[1].CPUCores, now[2].LatencyP99Seconds, now[3].RequestRate = 0.56, 0.07, 110
 	for _, alg := range []Algorithm{AlgorithmTail, AlgorithmCapacity} {
-		d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(alg))
+		d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(alg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestRelieve_APodWhoseLatencyJumpedIsCutAtOnce(t *testing.T) {
 	// A neighbour took half of pod-3's node: every request costs twice the CPU, it runs at its
 	// limit, and a queue stretches its p99 to seconds.
 	now[3].CPUCores, now[3].RequestRate, now[3].LatencyP99Seconds = 1, 62, 1.5
-	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmTail))
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestRelieve_APodThatGotSlowerWithoutAQueueFollowsItsCapacityDown(t *testing
 	now := reliefFleet()
 	// 40% more CPU per request, no queue yet: its weight follows its capacity, the others stay.
 	now[5].CPUCores = 0.7
-	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmCapacity))
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmCapacity))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,12 +93,12 @@ func TestRelieve_APodThatGotSlowerWithoutAQueueFollowsItsCapacityDown(t *testing
 	// The same rise seen over too few requests, or while the pod's own load moved, is not a jump.
 	few := reliefFleet()
 	few[5].CPUCores = 0.7
-	if d, _ := Relieve(ReliefInput{Endpoints: few, Baseline: baselineOf(base), WindowSeconds: 4}, DefaultSettings(AlgorithmCapacity)); d.Changed {
+	if d, _ := Relieve(ReliefInput{Endpoints: few, Baseline: baselineOf(base), WindowSeconds: 4, WeightsSettled: true}, DefaultSettings(AlgorithmCapacity)); d.Changed {
 		t.Fatalf("relieved on 400 requests: %s", d.Reason)
 	}
 	moved := reliefFleet()
 	moved[5].CPUCores, moved[5].RequestRate = 0.7*1.3, 130
-	if d, _ := Relieve(ReliefInput{Endpoints: moved, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmCapacity)); d.Changed && d.Endpoints[5].Reason == ReasonRelievedCost {
+	if d, _ := Relieve(ReliefInput{Endpoints: moved, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmCapacity)); d.Changed && d.Endpoints[5].Reason == ReasonRelievedCost {
 		t.Fatalf("relieved for its CPU per request while its rate moved 30%%: %s", d.Reason)
 	}
 }
@@ -111,7 +111,7 @@ func TestRelieve_ALoadThatRoseForEveryPodIsTheCyclesToPlan(t *testing.T) {
 		now[i].CPUCores, now[i].RequestRate = 0.85, 170
 	}
 	now[0].CPUCores, now[1].CPUCores = 0.92, 0.92
-	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmTail))
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestRelieve_AnOverloadMovesEveryPodTowardTheCapacitySplit(t *testing.T) {
 	}
 	now := append([]Endpoint(nil), base...)
 	now[0].CPUCores, now[0].RequestRate = 1, 480
-	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmTail))
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestRelieve_AJumpAWriteAlreadyAnsweredIsNotCutTwice(t *testing.T) {
 	now := reliefFleet()
 	now[3].CPUCores, now[3].RequestRate, now[3].LatencyP99Seconds = 1, 62, 1.5
 	now[3].CurrentWeight = 40 // the last relief's cut, which the window mostly predates
-	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, Answered: map[string]bool{"pod-3": true}}, DefaultSettings(AlgorithmTail))
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true, Answered: map[string]bool{"pod-3": true}}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestRelieve_AJumpAWriteAlreadyAnsweredIsNotCutTwice(t *testing.T) {
 func TestRelieve_OnlyAdaptiveLBsOwnAlgorithms(t *testing.T) {
 	now := reliefFleet()
 	now[3].CPUCores, now[3].RequestRate, now[3].LatencyP99Seconds = 1, 62, 1.5
-	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(reliefFleet()), WindowSeconds: 30}, DefaultSettings(AlgorithmCPUDistance))
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(reliefFleet()), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmCPUDistance))
 	if err != nil {
 		t.Fatal(err)
 	}
