@@ -44,6 +44,8 @@ type metricsSourceFlags struct {
 	// and sends no histogram query.
 	latencyHistogram bool
 	latencyOffset    string
+	// historyQuery is set by run's --tsdb-history-query.
+	historyQuery string
 	// prefix is the flags' prefix, to name them in errors.
 	prefix string
 }
@@ -90,6 +92,7 @@ func (f *metricsSourceFlags) config() (metrics.Config, error) {
 		Labels:                  metrics.Labels{Namespace: f.labelNamespace, Pod: f.labelPod, Container: f.labelContainer},
 		Queries:                 metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
 		DisableLatencyHistogram: !f.latencyHistogram,
+		HistoryQuery:            f.historyQuery,
 	}
 	offset, err := metrics.ParseLatencyOffset(f.latencyOffset)
 	if err != nil {

@@ -14,6 +14,7 @@ type CycleMetrics struct {
 	LastSuccess      prometheus.Gauge
 	DeferredServices prometheus.Gauge
 	ModelOverrules   prometheus.Counter
+	Reliefs          prometheus.Counter
 }
 
 // NewCycleMetrics registers the weight cycle's metrics with reg.
@@ -51,6 +52,10 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 			Name: "adaptivelb_model_overrules_total",
 			Help: "Weight writes that moved a Service toward the capacity split because measurements overruled the tail algorithm's latency model (a pod group the weights loaded to its CPU limit, or a tail the model cannot explain).",
 		}),
+		Reliefs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "adaptivelb_reliefs_total",
+			Help: "Weight writes of the check between cycles: a pod's latency, CPU or CPU per request jumped since the last cycle, and its weight was cut at once (the others moved toward the capacity split when it queued).",
+		}),
 	}
 	m.CycleDuration = register(reg, m.CycleDuration)
 	m.PhaseDuration = register(reg, m.PhaseDuration)
@@ -58,5 +63,6 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 	m.LastSuccess = register(reg, m.LastSuccess)
 	m.DeferredServices = register(reg, m.DeferredServices)
 	m.ModelOverrules = register(reg, m.ModelOverrules)
+	m.Reliefs = register(reg, m.Reliefs)
 	return m
 }

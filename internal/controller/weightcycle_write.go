@@ -153,6 +153,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 			deferred++
 			w.notFallenBack(d, prev)
 		}
+		var wroteAt time.Time // on the cycle's clock, which the checks read
 		if o.Action == cycle.ActionWrite {
 			// A fallback to equal weights is written whatever the mirror re-planned.
 			err := w.writeWeights(ctx, d, o.Decision, !o.Fallback)
@@ -171,8 +172,11 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 				report.Writes = append(report.Writes, at)
 				report.Written = append(report.Written, d.key)
 				report.Pushes += len(w.debouncer.Observe(at))
+				wroteAt = w.Clock.Now()
 			}
 		}
+		// The next checks judge each pod against what this cycle observed.
+		w.rememberCycle(d, *o, wroteAt)
 		if d.health.complete > 0 {
 			if w.known[d.key] == nil {
 				w.known[d.key] = map[string]bool{}
