@@ -128,7 +128,7 @@ func (h *LoadHistories) State(alb *adlbv1.AdaptiveLoadBalancer, interval time.Du
 		h.learned = map[types.NamespacedName]*learnedHistory{}
 	}
 	l, ok := h.learned[job.key]
-	if !ok || l.job.uid != job.uid || l.job.service != job.service {
+	if !ok || l.asked.uid != job.uid || l.asked.service != job.service {
 		// Another Service's history (a new object of the same name, another target) says
 		// nothing of this one.
 		l = &learnedHistory{}

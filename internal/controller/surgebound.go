@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -8,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
+	"github.com/adaptive-lb/adaptive-lb/internal/metrics"
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
 )
 
@@ -54,17 +56,27 @@ func (w *WeightCycle) surgeBoundFor(d *dueTarget, now time.Time) surgeInForce {
 	case !w.History.On():
 		s.reason = fmt.Sprintf("load history not read (--load-history=0): the default surge bound %s", formatFactor(def))
 	case st.learnedAt.IsZero() && st.err != nil:
-		s.reason = fmt.Sprintf("load history unreadable (%s): the default surge bound %s until a read succeeds", shorten(st.err.Error(), 300), formatFactor(def))
+		s.reason = fmt.Sprintf("load history unreadable (%s): the default surge bound %s until a read succeeds", historyFailure(st.err), formatFactor(def))
 	case st.learnedAt.IsZero():
 		s.reason = fmt.Sprintf("load history not read yet: the default surge bound %s", formatFactor(def))
 	default:
 		s.factor, s.reason = weights.SurgeBound(d.settings.Tail, st.history)
 		s.input = s.factor
 		if st.err != nil {
-			s.reason += fmt.Sprintf("; the last read of the history since failed (%s): this bound stays until a read succeeds", shorten(st.err.Error(), 300))
+			s.reason += fmt.Sprintf("; the last read of the history since failed (%s): this bound stays until a read succeeds", historyFailure(st.err))
 		}
 	}
 	return s
+}
+
+// historyFailure says in a few words why a history read failed: the TSDB's answer, without the
+// query text, which the log has.
+func historyFailure(err error) string {
+	var qe *metrics.QueryError
+	if errors.As(err, &qe) {
+		err = qe.Err
+	}
+	return shorten(err.Error(), 300)
 }
 
 // formatFactor spells a factor as the engine's reasons do.
