@@ -74,6 +74,7 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 	if len(w.reliefs) == 0 {
 		return report, nil // no cycle has observed a Service yet: nothing to judge a jump against
 	}
+	defer func() { w.Cycle.CheckDuration.Observe(w.Clock.Since(now).Seconds()) }()
 	logger := log.FromContext(ctx)
 	statusCtx, cancelStatus := context.WithTimeout(context.WithoutCancel(ctx), w.timeout())
 	defer cancelStatus()
@@ -90,6 +91,10 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 	window := w.checkWindow()
 	// A sample older than the window tells nothing of it: stale beyond the window.
 	res := w.fetchBatch(ctx, now, targets, window, window/2)
+	if res.err != nil {
+		// The cycle reports metrics faults; a check only judges the pods whose signals it has.
+		logger.V(1).Info("the check between cycles could not read every signal; pods without them are not judged", "error", res.err.Error())
+	}
 	for _, d := range targets {
 		report.Checked = append(report.Checked, d.key)
 		observed, health := d.target(now, res, window, 1, nil, w.Membership)

@@ -90,9 +90,10 @@ func (w *WeightCycle) markRelieved(d *dueTarget, now, dataEnd time.Time, window 
 	return m.wroteAt
 }
 
-// rememberCycle keeps what d's cycle observed as the next checks' baseline, and the cuts of its
-// overload halving once written at wroteAt. The weight cycle holds w.mu.
-func (w *WeightCycle) rememberCycle(d *dueTarget, o cycle.Outcome, wroteAt time.Time) {
+// rememberCycle keeps what d's cycle at now observed as the next checks' baseline, and the cuts
+// of its overload halving once written at wroteAt (zero: nothing written). The weight cycle
+// holds w.mu.
+func (w *WeightCycle) rememberCycle(d *dueTarget, o cycle.Outcome, now, wroteAt time.Time) {
 	if !checksServe(d) {
 		delete(w.reliefs, d.key)
 		return
@@ -111,7 +112,7 @@ func (w *WeightCycle) rememberCycle(d *dueTarget, o cycle.Outcome, wroteAt time.
 			}
 		}
 	}
-	m.prune(wroteAt)
+	m.prune(now)
 }
 
 // rememberRelief records a relief written at wroteAt: the pods whose weight it cut (current
@@ -146,9 +147,6 @@ func (m *reliefMemory) noteCut(d *dueTarget, ip string, relievedAt, answeredAt t
 // prune forgets the cuts no cycle or check reads any more: older than the restore window and the
 // longest metrics window.
 func (m *reliefMemory) prune(now time.Time) {
-	if now.IsZero() {
-		return
-	}
 	for ip, c := range m.cuts {
 		if now.Sub(c.relievedAt) > reliefRestoreWindow+maxWindow && now.Sub(c.answeredAt) > maxWindow {
 			delete(m.cuts, ip)

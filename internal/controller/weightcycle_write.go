@@ -176,7 +176,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 			}
 		}
 		// The next checks judge each pod against what this cycle observed.
-		w.rememberCycle(d, *o, wroteAt)
+		w.rememberCycle(d, *o, start, wroteAt)
 		if d.health.complete > 0 {
 			if w.known[d.key] == nil {
 				w.known[d.key] = map[string]bool{}
