@@ -152,20 +152,20 @@ func (h *LoadHistories) State(alb *adlbv1.AdaptiveLoadBalancer, interval time.Du
 	return historyState{history: l.history, learnedAt: l.at, err: l.err}
 }
 
-// RunPending reads every queued history, one after the other, and returns how many it read.
-func (h *LoadHistories) RunPending(ctx context.Context) int {
-	n := 0
+// RunPending reads every queued history, one after the other, and returns whose it read.
+func (h *LoadHistories) RunPending(ctx context.Context) []types.NamespacedName {
+	var read []types.NamespacedName
 	for ctx.Err() == nil {
 		h.mu.Lock()
 		if len(h.queue) == 0 {
 			h.mu.Unlock()
-			return n
+			return read
 		}
 		job := h.queue[0]
 		h.queue = h.queue[1:]
 		h.mu.Unlock()
 		history, err := h.read(ctx, job)
-		n++
+		read = append(read, job.key)
 		h.mu.Lock()
 		if l, ok := h.learned[job.key]; ok && l.asked.uid == job.uid && l.asked.service == job.service {
 			l.queued, l.tried = false, job
@@ -180,7 +180,7 @@ func (h *LoadHistories) RunPending(ctx context.Context) int {
 			log.FromContext(ctx).Error(err, "cannot read the load history; the surge bound stays the last learned or the default, and the read is retried", "adaptiveLoadBalancer", job.key, "retryAfter", min(h.Refresh, historyRetry).String())
 		}
 	}
-	return n
+	return read
 }
 
 // read learns one Service's history: its rate over the cycles' window at every interval (what

@@ -72,6 +72,19 @@ func (lf *loopFixture) surgeBound(what string, ok func(*adlbv1.SurgeBound) bool)
 	return sb
 }
 
+// historyReads reads the queued histories and returns how many of them were the fixture's (the
+// cycle sees every AdaptiveLoadBalancer of the shared cluster).
+func (lf *loopFixture) historyReads() int {
+	lf.t.Helper()
+	n := 0
+	for _, k := range lf.loop.History.RunPending(lf.ctx) {
+		if k == lf.key() {
+			n++
+		}
+	}
+	return n
+}
+
 // cycleAfter steps the clock by d, loads the fixture's steady signals and runs a cycle.
 func (lf *loopFixture) cycleAfter(d time.Duration) CycleReport {
 	lf.t.Helper()
@@ -103,7 +116,7 @@ func TestSurgeBound_AFlatHistoryNeedsNoBound(t *testing.T) {
 	lf.surgeBound("the default until the history is read", func(sb *adlbv1.SurgeBound) bool {
 		return sb.Factor == "4.00" && sb.Reason == "load history not read yet: the default surge bound 4×" && sb.LearnedAt == nil
 	})
-	if n := lf.loop.History.RunPending(lf.ctx); n != 1 {
+	if n := lf.historyReads(); n != 1 {
 		t.Fatalf("%d history reads pending after the first cycle, want 1", n)
 	}
 	rep = lf.cycleAfter(loopInterval)
@@ -121,7 +134,7 @@ func TestSurgeBound_AFlatHistoryNeedsNoBound(t *testing.T) {
 
 	// Within the refresh and with the spec unchanged, no read; a spec change reads again.
 	lf.cycleAfter(loopInterval)
-	if n := lf.loop.History.RunPending(lf.ctx); n != 0 {
+	if n := lf.historyReads(); n != 0 {
 		t.Fatalf("%d history reads within the refresh of an unchanged Service, want 0", n)
 	}
 	a := lf.alb()
@@ -137,7 +150,7 @@ func TestSurgeBound_AFlatHistoryNeedsNoBound(t *testing.T) {
 		return nil
 	})
 	lf.cycleAfter(loopInterval)
-	if n := lf.loop.History.RunPending(lf.ctx); n != 1 {
+	if n := lf.historyReads(); n != 1 {
 		t.Fatalf("%d history reads after a spec change, want 1", n)
 	}
 }
@@ -154,7 +167,7 @@ func TestSurgeBound_SurgesInTheHistoryGiveTheBoundTheyNeed(t *testing.T) {
 	})
 	lf.load(evenCores, equalRPS)
 	lf.run()
-	lf.loop.History.RunPending(lf.ctx)
+	lf.historyReads()
 	rep := lf.cycleAfter(loopInterval)
 	in := rep.Inputs[lf.key()]
 	// A 15 s rate of a burst to 400 rps less five standard deviations of its counting noise
@@ -177,7 +190,7 @@ func TestSurgeBound_AServiceWithoutHistoryGetsTheDefault(t *testing.T) {
 	lf := newHistoryFixture(t)
 	lf.load(evenCores, equalRPS)
 	lf.run()
-	if n := lf.loop.History.RunPending(lf.ctx); n != 1 {
+	if n := lf.historyReads(); n != 1 {
 		t.Fatalf("%d reads, want 1", n)
 	}
 	rep := lf.cycleAfter(loopInterval)
@@ -207,7 +220,7 @@ func TestSurgeBound_TheSpecsSurgeFactorWins(t *testing.T) {
 	})
 	lf.load(evenCores, equalRPS)
 	lf.run()
-	lf.loop.History.RunPending(lf.ctx)
+	lf.historyReads()
 	rep := lf.cycleAfter(loopInterval)
 	in := rep.Inputs[lf.key()]
 	if in.SurgeFactor != 0 || in.Settings.Tail.SurgeFactor != 2.5 {
@@ -234,7 +247,7 @@ func TestSurgeBound_AFailingHistoryReadLeavesTheCycleRunningAndSaysWhy(t *testin
 
 	lf.load(evenCores, equalRPS)
 	lf.run()
-	lf.loop.History.RunPending(lf.ctx)
+	lf.historyReads()
 	rep := lf.cycleAfter(loopInterval)
 	if o := rep.Outcomes[lf.key()]; o.Err != nil || rep.Inputs[lf.key()].SurgeFactor != 0 {
 		t.Fatalf("with the history unreadable the cycle: %+v, surge factor %v; want it planned with the default", o, rep.Inputs[lf.key()].SurgeFactor)
@@ -248,7 +261,7 @@ func TestSurgeBound_AFailingHistoryReadLeavesTheCycleRunningAndSaysWhy(t *testin
 	// The TSDB serves it again after the retry delay: the bound is learned.
 	lf.loop.History.Source = working
 	lf.cycleAfter(historyRetry)
-	if n := lf.loop.History.RunPending(lf.ctx); n != 1 {
+	if n := lf.historyReads(); n != 1 {
 		t.Fatalf("%d reads after the retry delay, want 1", n)
 	}
 	lf.cycleAfter(loopInterval)
@@ -257,7 +270,7 @@ func TestSurgeBound_AFailingHistoryReadLeavesTheCycleRunningAndSaysWhy(t *testin
 	// A refresh fails: the bound learned stays, and says the last read failed.
 	lf.loop.History.Source = lf.historySource(refused.URL)
 	lf.cycleAfter(lf.loop.History.Refresh)
-	lf.loop.History.RunPending(lf.ctx)
+	lf.historyReads()
 	rep = lf.cycleAfter(loopInterval)
 	if in := rep.Inputs[lf.key()]; in.SurgeFactor != 1 {
 		t.Fatalf("after a failed refresh the engine gets surge factor %v, want the 1 learned before", in.SurgeFactor)
