@@ -288,6 +288,49 @@ type AdaptiveLoadBalancerStatus struct {
 	// distrusted.
 	// +optional
 	ModelCheck *ModelCheck `json:"modelCheck,omitempty"`
+
+	// LastRelief is the last check between cycles that cut a pod's weight at once, because its
+	// latency or CPU jumped since the last cycle (algorithms capacity and tail). Absent until
+	// the first relief.
+	// +optional
+	LastRelief *Relief `json:"lastRelief,omitempty"`
+
+	// SurgeBound is the tail algorithm's surge bound in force for this Service, and why: set in
+	// spec.tail.surgeFactor, learned from the Service's own load history in the TSDB, or the
+	// default. Absent for the other algorithms.
+	// +optional
+	SurgeBound *SurgeBound `json:"surgeBound,omitempty"`
+}
+
+// Relief is one write of the check between cycles.
+type Relief struct {
+	// Time is when the relief's weights were written.
+	Time metav1.Time `json:"time"`
+	// Reason names the pods relieved and the evidence: their latency, CPU or CPU per request
+	// now and at the last cycle.
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
+}
+
+// SurgeBound is the rise of the load over the planning load that the tail algorithm's split
+// must carry without loading any pod group beyond its CPU limit before the next cycle has
+// measured it.
+type SurgeBound struct {
+	// Factor is the bound: 1 is none (the model's split), 4 the default.
+	Factor Decimal `json:"factor"`
+	// Reason says where the bound comes from and what the history showed.
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason"`
+	// MaxRise is the largest rise of the Service's load, within the loop's reaction time, above
+	// the recent peak it had held, in the history the bound was learned from.
+	// +optional
+	MaxRise *Decimal `json:"maxRise,omitempty"`
+	// LearnedAt is when the history was last read.
+	// +optional
+	LearnedAt *metav1.Time `json:"learnedAt,omitempty"`
+	// HistorySeconds is the span of history the bound was learned from, in seconds.
+	// +optional
+	HistorySeconds *int64 `json:"historySeconds,omitempty"`
 }
 
 // ModelCheck is the tail algorithm's standing with what it measured.

@@ -96,6 +96,11 @@ const (
 	// group the weights loaded to its CPU limit, or a tail the model cannot explain); the
 	// weights written move toward the capacity split.
 	ReasonModelOverruled = "ModelOverruled"
+	// ReasonRelieved (WeightsApplied=True): the check between cycles found a pod whose latency
+	// or CPU had jumped since the last cycle and cut its weight at once, moving the others
+	// toward the capacity split when it was queueing (status.lastRelief says which and why);
+	// the next cycle plans from there and raises a relieved pod's weight slowly.
+	ReasonRelieved = "Relieved"
 	// ReasonNoServiceEntry: there is no ServiceEntry to weight (see EndpointsMirrored).
 	ReasonNoServiceEntry = "NoServiceEntry"
 	// ReasonMetricsStale: the TSDB answered, but every pod's newest sample is older than twice

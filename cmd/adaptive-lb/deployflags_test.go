@@ -31,6 +31,8 @@ func TestDeployFlags_EveryFlagTheManifestsPassExists(t *testing.T) {
 			"--set", "tsdb.tls.serverName=vmselect.monitoring",
 			"--set", "tsdb.tls.insecureSkipVerify=true",
 			"--set", "tsdb.allowQueryOverrides=true",
+			"--set", "fastCheck.interval=15s",
+			"--set-string", `tsdb.historyQuery=sum({{.Function}}(istio_requests_total{reporter="destination"\, destination_service_namespace="{{.Namespace}}"\, destination_service_name="{{.Service}}"}[{{.Window}}]))`,
 			"--set", "metrics.tls.secret=metrics-tls",
 			"--set", "watchNamespaces={shop,web}")
 	}

@@ -45,6 +45,8 @@ type metricsSourceFlags struct {
 	// and sends no histogram query.
 	latencyHistogram bool
 	latencyOffset    string
+	// historyQuery is set by run's --tsdb-history-query.
+	historyQuery string
 	// prefix is the flags' prefix, to name them in errors.
 	prefix string
 }
@@ -93,6 +95,7 @@ func (f *metricsSourceFlags) config() (metrics.Config, error) {
 		Queries:                 metrics.QueryTemplates{CPU: f.queryCPU, RequestRate: f.queryRPS, ErrorRate: f.queryErrors, LatencyP99: f.queryLatency},
 		RemoteClustersQuery:     f.queryRemoteClusters,
 		DisableLatencyHistogram: !f.latencyHistogram,
+		HistoryQuery:            f.historyQuery,
 	}
 	offset, err := metrics.ParseLatencyOffset(f.latencyOffset)
 	if err != nil {

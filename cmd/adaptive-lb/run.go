@@ -81,6 +81,14 @@ type runOptions struct {
 	logOutput                io.Writer // the command's stderr
 	source                   *metricsSourceFlags
 	sourceConfig             metrics.Config
+	fastCheckInterval        time.Duration
+	fastCheckWindow          time.Duration
+	scrapeInterval           time.Duration
+	loadHistory              time.Duration
+	loadHistoryRefresh       time.Duration
+	// fastCheckSet: --fast-check-interval was given, and stays even where the default would
+	// turn the check off (a TSDB read in the past).
+	fastCheckSet bool
 }
 
 func newRunCmd() *cobra.Command {
@@ -89,7 +97,8 @@ func newRunCmd() *cobra.Command {
 		Use:   "run",
 		Short: "Run the operator: mirror opted-in Services into weighted Istio ServiceEntries",
 		Args:  cobra.NoArgs,
-		PreRunE: func(*cobra.Command, []string) error {
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			o.fastCheckSet = cmd.Flags().Changed("fast-check-interval")
 			return o.validate()
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -138,6 +147,12 @@ func newRunCmd() *cobra.Command {
 	// Optional: the mirror alone needs no TSDB; the weight cycle runs only with one.
 	o.source = addMetricsSourceFlags(f, "tsdb-", "(optional: without it endpoints are mirrored with equal weights and no weight cycle runs)")
 	f.BoolVar(&o.source.latencyHistogram, "tsdb-latency-histogram", true, "fetch each pod's latency histogram for the tail algorithm: one more query per cycle, about 20 series per pod (see docs/metrics.md); false: tail assumes a default request-size variability")
+	f.DurationVar(&o.scrapeInterval, "tsdb-scrape-interval", 15*time.Second, "how often the TSDB scrapes the pods' sidecars: the step of the load history's short rates, and the shortest --fast-check-window")
+	f.StringVar(&o.source.historyQuery, "tsdb-history-query", "", "Go template replacing the load history query, a Service's summed request rate over its past (.Namespace, .Service, .Window, .Function; see docs/metrics.md)")
+	f.DurationVar(&o.fastCheckInterval, "fast-check-interval", 15*time.Second, "how often, between two weight cycles, every pod's newest signals are read and a pod whose latency or CPU jumped since the last cycle has its weight cut at once (capacity and tail); 0 turns the check off, as does the default when --tsdb-latency-offset reads data a scrape or more old")
+	f.DurationVar(&o.fastCheckWindow, "fast-check-window", controller.DefaultFastCheckWindow, "the window of the check between cycles' rates: at least --tsdb-scrape-interval, two scrapes to hold two samples on every TSDB")
+	f.DurationVar(&o.loadHistory, "load-history", 72*time.Hour, "how much of each tail Service's request rate history is read to learn its surge bound (how far its load has risen within the loop's reaction time); 0 turns learning off: every Service plans with the default bound")
+	f.DurationVar(&o.loadHistoryRefresh, "load-history-refresh", time.Hour, "how often each Service's load history is read again (and whenever its spec changes)")
 	return cmd
 }
 
@@ -170,6 +185,9 @@ func (o *runOptions) validate() error {
 		}
 		o.sourceConfig = cfg
 	}
+	if err := o.validateLoop(); err != nil {
+		return err
+	}
 	if err := checkLogLevel(o.logLevel); err != nil {
 		return err
 	}
@@ -201,6 +219,54 @@ func (o *runOptions) validate() error {
 	}
 	o.mesh.MultiCluster = mode
 	return nil
+}
+
+// maxInterval is the longest spec.interval the CRD admits: a check between cycles at least that
+// long would never fall between two.
+const maxInterval = 10 * time.Minute
+
+// validateLoop checks the flags of the check between cycles and of the load history.
+func (o *runOptions) validateLoop() error {
+	if o.scrapeInterval < time.Second {
+		return newUsageError("--tsdb-scrape-interval %v must be at least 1s: the TSDB's scrape interval of the sidecars (15s in Istio's sample Prometheus)", o.scrapeInterval)
+	}
+	if fc := o.fastCheckInterval; fc != 0 && (fc < time.Second || fc >= maxInterval) {
+		return newUsageError("--fast-check-interval %v must be 0s (off) or from 1s to below %v, the longest interval: a Service is checked when its interval is longer than this", fc, maxInterval)
+	}
+	if fw := o.fastCheckWindow; fw < o.scrapeInterval || fw > 2*maxInterval {
+		return newUsageError("--fast-check-window %v must be from --tsdb-scrape-interval %v (a shorter window holds no new sample) to %v", fw, o.scrapeInterval, 2*maxInterval)
+	}
+	if h := o.loadHistory; h != 0 && (h < time.Hour || h > 31*24*time.Hour) {
+		return newUsageError("--load-history %v must be 0s (off) or from 1h (less holds too few rises to learn from) to 744h (a month, VictoriaMetrics' default retention; each day costs about 8,600 points per Service and read)", h)
+	}
+	if o.loadHistoryRefresh < time.Minute {
+		return newUsageError("--load-history-refresh %v must be at least 1m: each refresh costs every tail Service two range queries", o.loadHistoryRefresh)
+	}
+	return nil
+}
+
+// fastCheck is the check between cycles' interval in force: off by default when the TSDB answers
+// with data a scrape or more old (--tsdb-latency-offset none, or at least the scrape interval),
+// where a jump is seen after the damage and every check would read the same data again.
+func (o *runOptions) fastCheck() (time.Duration, string) {
+	if o.fastCheckSet {
+		return o.fastCheckInterval, ""
+	}
+	if off := o.sourceConfig.LatencyOffset; off == nil || *off >= o.scrapeInterval {
+		return 0, fmt.Sprintf("--tsdb-latency-offset %s reads data a scrape (%v) or more old", metrics.FormatLatencyOffset(off), o.scrapeInterval)
+	}
+	return o.fastCheckInterval, ""
+}
+
+// dataLag is how old the newest data the cycle reads is: the latency offset it asks for (30s,
+// VictoriaMetrics' default, when it sends none), or the delay from a scrape to its visibility
+// (about 4s: vmagent's flush and VictoriaMetrics' ingestion, docs/benchmarks.md) when longer.
+func (o *runOptions) dataLag() time.Duration {
+	const ingestion, defaultOffset = 4 * time.Second, 30 * time.Second
+	if off := o.sourceConfig.LatencyOffset; off != nil {
+		return max(*off, ingestion)
+	}
+	return defaultOffset
 }
 
 func (o *runOptions) restConfig() (*rest.Config, error) {
@@ -489,12 +555,24 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		if err := mgr.Add(warmups); err != nil {
 			return fmt.Errorf("add the DestinationRule informer: %w", err)
 		}
+		fastCheck, why := o.fastCheck()
+		if why != "" {
+			logger.Info("the check between cycles is off: "+why+"; set --fast-check-interval to run it anyway", "tsdbScrapeInterval", o.scrapeInterval.String())
+		}
 		loop := &controller.WeightCycle{
 			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
 			Versions: versions, Membership: membership, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
 			Warmups: warmups, Timeout: o.cycleTimeout,
+			FastCheckInterval: fastCheck, FastCheckWindow: o.fastCheckWindow,
+		}
+		if history, ok := shared.source.(metrics.HistorySource); ok && o.loadHistory > 0 {
+			loop.History = &controller.LoadHistories{Source: history, Clock: clock.RealClock{}, Span: o.loadHistory, Refresh: o.loadHistoryRefresh,
+				ScrapeInterval: o.scrapeInterval, DataLag: o.dataLag()}
+			if err := mgr.Add(loop.History); err != nil {
+				return fmt.Errorf("add the load history reader: %w", err)
+			}
 		}
 		if err := mgr.Add(loop); err != nil {
 			return fmt.Errorf("add the weight cycle: %w", err)

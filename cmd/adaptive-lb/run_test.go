@@ -24,12 +24,20 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"workers":          {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
-		"cluster domain":   {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
-		"log level":        {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
-		"watch namespaces": {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
-		"leader timings":   {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
-		"latency offset":   {[]string{"run", "--tsdb-url", "http://vm:8428", "--tsdb-latency-offset", "-30s"}, "--tsdb-latency-offset: latency offset -30s must not be negative"},
+		"workers":                     {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
+		"cluster domain":              {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
+		"log level":                   {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
+		"watch namespaces":            {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
+		"leader timings":              {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
+		"latency offset":              {[]string{"run", "--tsdb-url", "http://vm:8428", "--tsdb-latency-offset", "-30s"}, "--tsdb-latency-offset: latency offset -30s must not be negative"},
+		"a check finer than a second": {[]string{"run", "--fast-check-interval", "500ms"}, "--fast-check-interval 500ms must be 0s (off) or from 1s to below 10m0s"},
+		"a check as long as the longest interval": {[]string{"run", "--fast-check-interval", "10m"}, "--fast-check-interval 10m0s must be 0s (off) or from 1s to below 10m0s"},
+		"a check window shorter than a scrape":    {[]string{"run", "--fast-check-window", "10s"}, "--fast-check-window 10s must be from --tsdb-scrape-interval 15s"},
+		"a scrape interval under a second":        {[]string{"run", "--tsdb-scrape-interval", "0s"}, "--tsdb-scrape-interval 0s must be at least 1s"},
+		"a load history too short to learn from":  {[]string{"run", "--load-history", "30m"}, "--load-history 30m0s must be 0s (off) or from 1h"},
+		"a load history beyond a month":           {[]string{"run", "--load-history", "1000h"}, "to 744h"},
+		"a refresh under a minute":                {[]string{"run", "--load-history-refresh", "10s"}, "--load-history-refresh 10s must be at least 1m"},
+		"a history template that does not render": {[]string{"run", "--tsdb-url", "http://vm:8428", "--tsdb-history-query", "sum(rate(x{ns=\"{{.Pod}}\"}[{{.Window}}]))"}, "load history query"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -169,5 +177,41 @@ func TestRun_RefusesAMetricsCertDirWithoutTheCertificate(t *testing.T) {
 	code, _, errOut := runCLI(t, "run", "--metrics-cert-dir", dir)
 	if code != exitUsageError || !strings.Contains(errOut, "--metrics-cert-dir "+dir) || !strings.Contains(errOut, "tls.crt") {
 		t.Fatalf("exit %d stderr %q", code, errOut)
+	}
+}
+
+// The check between cycles reads the newest data: where the TSDB answers a scrape or more in the
+// past it would see a jump after the damage, so the default turns it off (and says why); an
+// explicit --fast-check-interval runs it anyway.
+func TestRunOptions_TheCheckBetweenCyclesIsOffByDefaultWhereTheTSDBAnswersInThePast(t *testing.T) {
+	offset := func(d time.Duration) *time.Duration { return &d }
+	for name, tc := range map[string]struct {
+		offset  *time.Duration
+		set     bool
+		want    time.Duration
+		why     string
+		dataLag time.Duration
+	}{
+		"the newest data (0s)":             {offset: offset(0), want: 15 * time.Second, dataLag: 4 * time.Second},
+		"an offset under a scrape":         {offset: offset(10 * time.Second), want: 15 * time.Second, dataLag: 10 * time.Second},
+		"an offset of a scrape":            {offset: offset(15 * time.Second), want: 0, why: "--tsdb-latency-offset 15s reads data a scrape (15s) or more old", dataLag: 15 * time.Second},
+		"none: VictoriaMetrics' 30s":       {offset: nil, want: 0, why: "--tsdb-latency-offset none reads data a scrape (15s) or more old", dataLag: 30 * time.Second},
+		"none, with the interval set":      {offset: nil, set: true, want: 15 * time.Second, dataLag: 30 * time.Second},
+		"set to 0s: off whatever the TSDB": {offset: offset(0), set: true, dataLag: 4 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			o := &runOptions{fastCheckInterval: 15 * time.Second, scrapeInterval: 15 * time.Second, fastCheckSet: tc.set}
+			if tc.set && tc.want == 0 {
+				o.fastCheckInterval = 0
+			}
+			o.sourceConfig.LatencyOffset = tc.offset
+			got, why := o.fastCheck()
+			if got != tc.want || why != tc.why {
+				t.Fatalf("fastCheck() = %v, %q; want %v, %q", got, why, tc.want, tc.why)
+			}
+			if lag := o.dataLag(); lag != tc.dataLag {
+				t.Fatalf("dataLag() = %v, want %v", lag, tc.dataLag)
+			}
+		})
 	}
 }

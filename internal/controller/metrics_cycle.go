@@ -14,6 +14,8 @@ type CycleMetrics struct {
 	LastSuccess      prometheus.Gauge
 	DeferredServices prometheus.Gauge
 	ModelOverrules   prometheus.Counter
+	Reliefs          prometheus.Counter
+	CheckDuration    prometheus.Histogram
 }
 
 // NewCycleMetrics registers the weight cycle's metrics with reg.
@@ -51,6 +53,15 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 			Name: "adaptivelb_model_overrules_total",
 			Help: "Weight writes that moved a Service toward the capacity split because measurements overruled the tail algorithm's latency model (a pod group the weights loaded to its CPU limit, or a tail the model cannot explain).",
 		}),
+		Reliefs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "adaptivelb_reliefs_total",
+			Help: "Weight writes of the check between cycles: a pod's latency, CPU or CPU per request jumped since the last cycle, and its weight was cut at once (the others moved toward the capacity split when it queued).",
+		}),
+		CheckDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "adaptivelb_fast_check_duration_seconds",
+			Help:    "Duration of one check between weight cycles: reading the checked Services from the cache, their pods' short-window metrics fetch, and the reliefs' writes.",
+			Buckets: cycleBuckets,
+		}),
 	}
 	m.CycleDuration = register(reg, m.CycleDuration)
 	m.PhaseDuration = register(reg, m.PhaseDuration)
@@ -58,5 +69,7 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 	m.LastSuccess = register(reg, m.LastSuccess)
 	m.DeferredServices = register(reg, m.DeferredServices)
 	m.ModelOverrules = register(reg, m.ModelOverrules)
+	m.Reliefs = register(reg, m.Reliefs)
+	m.CheckDuration = register(reg, m.CheckDuration)
 	return m
 }

@@ -154,6 +154,16 @@ func (m *Membership) listedThroughout(key types.NamespacedName, stay map[string]
 	return true
 }
 
+// ForgetPlan drops the plan recorded for key: the weights it planned from are no longer the ones
+// in force (a relief between cycles replaced them), so no re-plan happens until the next cycle
+// records one; endpoints that leave meanwhile leave the others' weights as they are.
+func (m *Membership) ForgetPlan(key types.NamespacedName) {
+	if m == nil {
+		return
+	}
+	m.forgetPlans(func(k types.NamespacedName) bool { return k != key })
+}
+
 func (m *Membership) forgetPlans(keep func(types.NamespacedName) bool) {
 	m.plans.mu.Lock()
 	defer m.plans.mu.Unlock()

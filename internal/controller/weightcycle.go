@@ -57,6 +57,15 @@ type WeightCycle struct {
 	// credentials, and whoever may create an AdaptiveLoadBalancer could otherwise read any
 	// series through status, or slow every Service's cycle with costly queries.
 	AllowQueryOverrides bool
+	// FastCheckInterval is how often, between two cycles, the check reads every pod's newest
+	// signals and relieves a pod whose latency or CPU has jumped since the last cycle
+	// (relief.go); 0 turns the check off.
+	FastCheckInterval time.Duration
+	// FastCheckWindow is the window of the check's rates; 0: DefaultFastCheckWindow.
+	FastCheckWindow time.Duration
+	// History learns each tail Service's surge bound from its own load history; nil: every
+	// Service plans with the default bound (or its spec's).
+	History *LoadHistories
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -71,25 +80,55 @@ type WeightCycle struct {
 	// the API server prunes the field under a CRD older than it (crds/ not applied on upgrade),
 	// and comparing with the nil it reads back would write the status every cycle.
 	writtenPeak map[types.NamespacedName]*adlbv1.RecentPeak
+	// writtenSurge is the status.surgeBound the cycle last wrote, for the same reason.
+	writtenSurge map[types.NamespacedName]*adlbv1.SurgeBound
 	// rateHistory holds, per AdaptiveLoadBalancer, the Service's request rate of each cycle
 	// within the last peakRateWindow, oldest first: the engine plans for their maximum.
 	rateHistory map[types.NamespacedName][]rateObservation
+	// reliefs is what the checks between cycles and the cycles remember of each Service
+	// (relief_memory.go).
+	reliefs map[types.NamespacedName]*reliefMemory
+	// reliefWrites counts the reliefs written since the last cycle: urgent writes, they count
+	// against its budget.
+	reliefWrites int
 }
 
 // NeedLeaderElection: only the leader writes weights.
 func (w *WeightCycle) NeedLeaderElection() bool { return true }
 
-// Start runs the loop until ctx ends (a manager.Runnable).
+// Start runs the loop until ctx ends (a manager.Runnable): a cycle every Tick and, between them,
+// a check every FastCheckInterval, one at a time on this goroutine.
 func (w *WeightCycle) Start(ctx context.Context) error {
 	logger := log.FromContext(ctx).WithName("weight-cycle")
 	ctx = log.IntoContext(ctx, logger)
 	ticker := w.Clock.NewTicker(w.Tick)
 	defer ticker.Stop()
+	var checks <-chan time.Time
+	if w.FastCheckInterval > 0 {
+		checkTicker := w.Clock.NewTicker(w.FastCheckInterval)
+		defer checkTicker.Stop()
+		checks = checkTicker.C()
+	}
+	check := func() {
+		if _, err := w.RunCheck(ctx); err != nil {
+			logger.Error(err, "check between cycles failed; the next one retries")
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-checks:
+			check()
 		case <-ticker.C():
+			// A check due at the same tick goes first, as in the simulator: a jump is relieved
+			// on the short window, and the cycle sees that write and waits for a window that
+			// shows it.
+			select {
+			case <-checks:
+				check()
+			default:
+			}
 			if _, err := w.RunOnce(ctx); err != nil {
 				logger.Error(err, "weight cycle failed; the next tick retries")
 			}

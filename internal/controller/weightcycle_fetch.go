@@ -26,39 +26,49 @@ type fetchResult struct {
 }
 
 // fetch sends one batched request per distinct interval (normally one): its queries cover every
-// due Service's pods, whatever their number.
+// due Service's pods, whatever their number. Each batch reads a window of two intervals.
 func (w *WeightCycle) fetch(ctx context.Context, now time.Time, due []*dueTarget) map[time.Duration]fetchResult {
-	byInterval := map[time.Duration][]metrics.Pod{}
-	requested := map[time.Duration]map[observationKey]bool{}
+	byInterval := map[time.Duration][]*dueTarget{}
 	for _, d := range due {
-		if requested[d.interval] == nil {
-			requested[d.interval] = map[observationKey]bool{}
-		}
+		byInterval[d.interval] = append(byInterval[d.interval], d)
+	}
+	out := map[time.Duration]fetchResult{}
+	for interval, group := range byInterval {
+		out[interval] = w.fetchBatch(ctx, now, group, 2*interval, interval)
+	}
+	return out
+}
+
+// fetchBatch sends one batched request for every pod of targets, their rates over window; a
+// sample older than twice staleAfter is stale.
+func (w *WeightCycle) fetchBatch(ctx context.Context, now time.Time, targets []*dueTarget, window, staleAfter time.Duration) fetchResult {
+	var pods []metrics.Pod
+	requested := map[observationKey]bool{}
+	for _, d := range targets {
 		for _, ip := range d.podOrder {
 			pod, ok := d.pods[ip]
 			if !ok {
 				continue
 			}
 			k := observationKey{queries: d.queries, pod: types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}}
-			if requested[d.interval][k] {
+			if requested[k] {
 				continue
 			}
-			requested[d.interval][k] = true
-			byInterval[d.interval] = append(byInterval[d.interval], metrics.Pod{Namespace: pod.Namespace, Name: pod.Name, IP: ip, CPULimitCores: cpuLimit(pod), Queries: d.queries})
+			requested[k] = true
+			pods = append(pods, metrics.Pod{Namespace: pod.Namespace, Name: pod.Name, IP: ip, CPULimitCores: cpuLimit(pod), Queries: d.queries})
 		}
 	}
-	out := map[time.Duration]fetchResult{}
-	for interval, pods := range byInterval {
-		res := fetchResult{observations: map[observationKey]metrics.Observation{}}
-		batch, err := w.Source.Fetch(ctx, metrics.Request{Pods: pods, Now: now, Window: 2 * interval, Interval: interval})
-		res.err = err
-		// The source returns one observation per request entry, each under the entry's queries.
-		for _, o := range batch.Observations {
-			res.observations[observationKey{queries: o.Queries, pod: types.NamespacedName{Namespace: o.Namespace, Name: o.Name}}] = o
-		}
-		out[interval] = res
+	res := fetchResult{observations: map[observationKey]metrics.Observation{}}
+	if len(pods) == 0 {
+		return res
 	}
-	return out
+	batch, err := w.Source.Fetch(ctx, metrics.Request{Pods: pods, Now: now, Window: window, Interval: staleAfter})
+	res.err = err
+	// The source returns one observation per request entry, each under the entry's queries.
+	for _, o := range batch.Observations {
+		res.observations[observationKey{queries: o.Queries, pod: types.NamespacedName{Namespace: o.Namespace, Name: o.Name}}] = o
+	}
+	return res
 }
 
 // latencyBuckets hands a pod's fetched latency histogram to the engine; nil when there is none.

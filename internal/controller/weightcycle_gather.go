@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"sort"
 	"time"
@@ -59,6 +58,8 @@ type dueTarget struct {
 	// hasPeak is false when none was observed.
 	peak    rateObservation
 	hasPeak bool
+	// surge is the tail algorithm's surge bound in force for this cycle, and why.
+	surge surgeInForce
 	// warmup is the slow-start duration of the Service's DestinationRule, if any: Envoy ramps
 	// new endpoints up over it, so their early signals do not show their capacity. warmupErr
 	// says why it is unknown (then 0).
@@ -112,12 +113,8 @@ func (w *WeightCycle) dueTargets(ctx context.Context, now time.Time) (gathered, 
 		if !alb.DeletionTimestamp.IsZero() {
 			continue // its ServiceEntry is being deleted; a weight write must not race that
 		}
-		interval := 30 * time.Second
-		if alb.Spec.Interval != nil {
-			interval = alb.Spec.Interval.Duration
-		}
 		// Intervals are whole multiples of the tick, so every Service's cycle lands on a tick.
-		interval = time.Duration(math.Ceil(float64(interval)/float64(w.Tick))) * w.Tick
+		interval := w.roundedInterval(alb)
 		st := w.states[key]
 		if last, ok := w.lastRun[key]; ok && now.Sub(last) < interval && st.DeferredSince.IsZero() {
 			continue
@@ -170,6 +167,7 @@ func (w *WeightCycle) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalanc
 	if err != nil {
 		return nil, err
 	}
+	w.newestSlices(sliced)
 	se = unionView(sliced)
 	d := &dueTarget{key: client.ObjectKeyFromObject(alb), alb: alb, se: se, slices: sliced, settings: settings, interval: interval, pods: map[string]*corev1.Pod{},
 		current: map[string]int{}, peerGroup: map[string]string{}, nodeCPU: map[string]float64{}}
@@ -243,6 +241,21 @@ func (w *WeightCycle) serviceEntrySlices(ctx context.Context, alb *adlbv1.Adapti
 		return i - j
 	})
 	return out, nil
+}
+
+// newestSlices replaces each cached slice that the operator's own writes have superseded with
+// the version the API server answered: the weight path plans from the weights in force, and a
+// check between cycles may write a moment before a cycle (or a cycle before a check), sooner
+// than the informer delivers the write.
+func (w *WeightCycle) newestSlices(sliced []*networkingv1.ServiceEntry) {
+	if w.Versions == nil {
+		return
+	}
+	for i, s := range sliced {
+		if w.Versions.lagging(s) {
+			sliced[i] = w.Versions.newest(client.ObjectKeyFromObject(s), s)
+		}
+	}
 }
 
 // nodeFacts is what the weight cycle reads of a node.
@@ -333,8 +346,11 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 	dropGone(w.lastRun, live)
 	w.statusThrottle.retain(func(key types.NamespacedName) bool { return live[key] })
 	dropGone(w.writtenPeak, live)
+	dropGone(w.writtenSurge, live)
 	dropGone(w.known, live)
 	dropGone(w.rateHistory, live)
+	dropGone(w.reliefs, live)
+	w.History.retain(live)
 }
 
 // dropGone deletes the entries of AdaptiveLoadBalancers that are not live.

@@ -104,10 +104,11 @@ func queryFailure(err error) bool {
 		!errors.Is(err, metrics.ErrNonFinite) && !errors.Is(err, metrics.ErrDuplicateSeries)
 }
 
-// target turns a due AdaptiveLoadBalancer and the batch into the planner's input. A metrics
-// outage, for the hold/fallback policy, is "no pod has every signal the algorithm needs": one
-// missing signal (only the Istio series, or only CPU) is as much an outage as a TSDB down.
-func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, known map[string]bool, membership *Membership) (cycle.Target, metricsHealth) {
+// target turns a due AdaptiveLoadBalancer and the batch, its rates over window, into the
+// planner's input. A metrics outage, for the hold/fallback policy, is "no pod has every signal
+// the algorithm needs": one missing signal (only the Istio series, or only CPU) is as much an
+// outage as a TSDB down.
+func (d *dueTarget) target(now time.Time, res fetchResult, window time.Duration, holdIntervals int, known map[string]bool, membership *Membership) (cycle.Target, metricsHealth) {
 	t := cycle.Target{
 		Key:        d.key.String(),
 		Settings:   d.settings,
@@ -116,7 +117,6 @@ func (d *dueTarget) target(now time.Time, res fetchResult, holdIntervals int, kn
 		PeerGroups: d.peerGroup,
 		Known:      known,
 	}
-	window := 2 * d.interval
 	t.WindowSeconds = window.Seconds()
 	h := metricsHealth{threshold: 2 * d.interval, dataEnd: d.dataEnd(now, res)}
 	t.WindowCoverage = windowCoverage(h.dataEnd, d.lastWrite, window)

@@ -56,7 +56,16 @@ func (w *WeightCycle) evaluate(start time.Time, due []*dueTarget, batches map[ti
 		if d.replannedAt.After(d.lastWrite) {
 			d.lastWrite = d.replannedAt
 		}
-		d.observed, d.health = d.target(start, batches[d.interval], max(1, w.HoldIntervals), d.knownEndpoints(w.known[d.key]), w.Membership)
+		window := 2 * d.interval
+		d.observed, d.health = d.target(start, batches[d.interval], window, max(1, w.HoldIntervals), d.knownEndpoints(w.known[d.key]), w.Membership)
+		// A relief's write counts as a weight write for the window's coverage, and its cuts
+		// for the pods it relieved (restored slowly) and answered (not halved again).
+		if relief := w.markRelieved(d, start, d.health.dataEnd, window); relief.After(d.lastWrite) {
+			d.lastWrite = relief
+			d.observed.WindowCoverage = windowCoverage(d.health.dataEnd, d.lastWrite, window)
+		}
+		d.surge = w.surgeBoundFor(d, start)
+		d.observed.SurgeFactor, d.observed.LoadHistory = d.surge.input, d.surge.history
 		if _, planned := w.states[d.key]; !planned {
 			// A new leader, or the first cycle: continue from the peak the status recorded.
 			w.seedPeak(d.key, d.alb, start)
@@ -83,7 +92,9 @@ func (w *WeightCycle) plan(start time.Time, due []*dueTarget) ([]cycle.Outcome, 
 		}
 		prev[d.key.String()] = st
 	}
-	outcomes, next := cycle.Plan(start, targets, prev, w.Budget)
+	// The reliefs written since the last cycle went out whatever the budget, and count against it.
+	outcomes, next := cycle.PlanAfterUrgent(start, targets, prev, w.Budget, w.reliefWrites)
+	w.reliefWrites = 0
 	return outcomes, prev, next
 }
 

@@ -74,6 +74,7 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		if p := recentPeakStatus(d.peak, d.hasPeak); p != nil {
 			alb.Status.RecentPeak = p
 		}
+		alb.Status.SurgeBound = surgeBoundStatus(d.surge)
 		alb.Status.ModelCheck = modelCheckStatus(alb.Status.ModelCheck, o, applied, now)
 		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
 		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
@@ -184,25 +185,38 @@ func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *a
 	if w.writtenPeak == nil {
 		w.writtenPeak = map[types.NamespacedName]*adlbv1.RecentPeak{}
 	}
-	if w.statusThrottle.wait(key, now, statusSignalsInterval) > 0 && signalsOnly(w.withWrittenPeak(key, before), after) {
+	if w.writtenSurge == nil {
+		w.writtenSurge = map[types.NamespacedName]*adlbv1.SurgeBound{}
+	}
+	if w.statusThrottle.wait(key, now, statusSignalsInterval) > 0 && signalsOnly(w.withWritten(key, before), after) {
 		return true
 	}
 	w.statusThrottle.wrote(key, now)
 	if after.RecentPeak != nil {
 		w.writtenPeak[key] = after.RecentPeak.DeepCopy()
 	}
+	if after.SurgeBound != nil {
+		w.writtenSurge[key] = after.SurgeBound.DeepCopy()
+	}
 	return false
 }
 
-// withWrittenPeak is the status as the cycle last wrote it as far as recentPeak goes: when the
-// API server returned none (it prunes the field under a CRD that lacks it), the one written.
-func (w *WeightCycle) withWrittenPeak(key types.NamespacedName, status *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
-	written, ok := w.writtenPeak[key]
-	if status.RecentPeak != nil || !ok {
+// withWritten is the status as the cycle last wrote it as far as recentPeak and surgeBound go:
+// when the API server returned none (it prunes a field under a CRD that lacks it), the one
+// written.
+func (w *WeightCycle) withWritten(key types.NamespacedName, status *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
+	peak, hasPeak := w.writtenPeak[key]
+	surge, hasSurge := w.writtenSurge[key]
+	if (status.RecentPeak != nil || !hasPeak) && (status.SurgeBound != nil || !hasSurge) {
 		return status
 	}
 	c := status.DeepCopy()
-	c.RecentPeak = written
+	if c.RecentPeak == nil && hasPeak {
+		c.RecentPeak = peak
+	}
+	if c.SurgeBound == nil && hasSurge {
+		c.SurgeBound = surge
+	}
 	return c
 }
 

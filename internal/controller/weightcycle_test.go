@@ -66,6 +66,11 @@ type loopFixture struct {
 	// query override reads it).
 	appCores []float64
 	appTotal []float64
+	// latency, when set, adds each pod's server-side latency histogram: per pod (by index into
+	// ips), the per-second count of each cumulative bucket (le in ms). Its counters continue
+	// across loads, as the request counters do.
+	latency      []map[string]float64
+	latencyTotal []map[string]float64
 }
 
 const loopInterval = 5 * time.Second
@@ -141,6 +146,17 @@ func (lf *loopFixture) load(cores, rps []float64) {
 			if lf.appCores != nil {
 				lf.appTotal[i] += lf.appCores[i]
 			}
+			if lf.latency != nil {
+				if lf.latencyTotal == nil {
+					lf.latencyTotal = make([]map[string]float64, len(lf.ips))
+				}
+				if lf.latencyTotal[i] == nil {
+					lf.latencyTotal[i] = map[string]float64{}
+				}
+				for le, n := range lf.latency[i] {
+					lf.latencyTotal[i][le] += n
+				}
+			}
 		}
 		lf.writeSamples(ts)
 	}
@@ -160,6 +176,11 @@ func (lf *loopFixture) writeSamples(ts time.Time) {
 		}
 		if lf.appCores != nil {
 			fmt.Fprintf(&lf.pending, "app_cpu_seconds_total{namespace=%q,pod=%q} %g %d\n", lf.ns, pod, lf.appTotal[i], ts.UnixMilli())
+		}
+		if lf.latencyTotal != nil {
+			for le, n := range lf.latencyTotal[i] {
+				fmt.Fprintf(&lf.pending, "istio_request_duration_milliseconds_bucket{reporter=\"destination\",namespace=%q,pod=%q,le=%q} %g %d\n", lf.ns, pod, le, n, ts.UnixMilli())
+			}
 		}
 	}
 }

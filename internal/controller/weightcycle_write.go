@@ -167,6 +167,7 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 			deferred++
 			w.notFallenBack(d, prev)
 		}
+		var wroteAt time.Time // on the cycle's clock, which the checks read
 		if o.Action == cycle.ActionWrite {
 			// A fallback to equal weights is written whatever the mirror re-planned.
 			reached, err := w.writeWeights(ctx, d, o.Decision, !o.Fallback)
@@ -186,12 +187,15 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 					at := time.Now()
 					report.Writes = append(report.Writes, at)
 					report.Pushes += len(w.debouncer.Observe(at))
+					wroteAt = w.Clock.Now()
 				}
 				if err == nil {
 					report.Written = append(report.Written, d.key)
 				}
 			}
 		}
+		// The next checks judge each pod against what this cycle observed.
+		w.rememberCycle(d, *o, start, wroteAt)
 		if d.health.complete > 0 {
 			if w.known[d.key] == nil {
 				w.known[d.key] = map[string]bool{}

@@ -63,6 +63,12 @@ type Target struct {
 	// ProjectedRequestRate is the Service's rate expected by the time the next cycle's weights
 	// take over (0: unknown); see weights.Input.ProjectedRequestRate.
 	ProjectedRequestRate float64
+	// SurgeFactor is the tail algorithm's surge bound learned from the Service's load history
+	// (0: Settings.Tail.SurgeFactor); see weights.Input.SurgeFactor.
+	SurgeFactor float64
+	// LoadHistory is what the Service's past load says about how fast it rises (zero: unknown);
+	// see weights.Input.LoadHistory.
+	LoadHistory weights.LoadHistory
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -100,6 +106,14 @@ type Outcome struct {
 // Plan decides this cycle for every target. budget bounds the number of ActionWrite outcomes
 // (0 means unlimited). It returns one outcome per target, in input order, and the new states.
 func Plan(now time.Time, targets []Target, states map[string]State, budget int) ([]Outcome, map[string]State) {
+	return PlanAfterUrgent(now, targets, states, budget, 0)
+}
+
+// PlanAfterUrgent is Plan when urgentSpent urgent writes went out since the last cycle, outside
+// any plan (the reliefs of the checks between cycles): like the urgent writes of a plan, they
+// were never held for the budget, and they count against it, so the other writes of this cycle
+// get what they left.
+func PlanAfterUrgent(now time.Time, targets []Target, states map[string]State, budget, urgentSpent int) ([]Outcome, map[string]State) {
 	outcomes := make([]Outcome, len(targets))
 	decided := make([]State, len(targets))
 	// Each target's decision depends on its own input and state only, so the targets are
@@ -129,7 +143,7 @@ func Plan(now time.Time, targets []Target, states map[string]State, budget int) 
 	for i, t := range targets {
 		next[t.Key] = decided[i]
 	}
-	applyBudget(now, outcomes, targets, states, next, budget)
+	applyBudget(now, outcomes, targets, states, next, budget, max(0, urgentSpent))
 	return outcomes, next
 }
 
@@ -166,6 +180,8 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 			Replan:                t.Replan,
 			ProjectedRequestRate:  t.ProjectedRequestRate,
 			ModelDistrust:         st.ModelDistrust,
+			SurgeFactor:           t.SurgeFactor,
+			LoadHistory:           t.LoadHistory,
 		}
 		if !decideWith(&out, in, t.Settings) {
 			return out, st
@@ -342,9 +358,11 @@ func (o Outcome) urgent() bool { return o.Fallback || o.Decision.ModelOverruled 
 // gone (at 10,000 Services and a budget of 50 per 5 s tick, a cluster-wide metrics outage would
 // take 17 minutes beyond the hold time to reach the last Service). Nor is a write that relieves a
 // group the measurements found at its CPU limit (weights.Decision.ModelOverruled): the budget
-// must not leave pods throttled that the weights loaded. Urgent writes count against the budget;
-// the other writes get what they leave.
-func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map[string]State, budget int) {
+// must not leave pods throttled that the weights loaded. Nor is a relief between cycles, which
+// moves a pod whose latency or CPU jumped toward the capacity split and is written outside any
+// plan. Urgent writes count against the budget, spent ones (the reliefs since the last cycle)
+// first; the other writes get what they leave.
+func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map[string]State, budget, spent int) {
 	var writes []int
 	for i, o := range outs {
 		if o.Action == ActionWrite {
@@ -373,7 +391,7 @@ func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map
 	for rank, i := range writes {
 		key := targets[i].Key
 		st := next[key]
-		if budget > 0 && rank >= budget && !outs[i].urgent() {
+		if budget > 0 && spent+rank >= budget && !outs[i].urgent() {
 			outs[i].Action = ActionDeferred
 			outs[i].Reason = fmt.Sprintf("write budget of %d per cycle spent; carried over to the next cycle (%s)", budget, outs[i].Reason)
 			if st.DeferredSince.IsZero() {

@@ -468,3 +468,65 @@ func TestPlan_ACycleThatMeasuresTooFewEndpointsKeepsTheModelsDistrust(t *testing
 		}
 	}
 }
+
+// The reliefs written since the last cycle were urgent writes, never held for the budget; they
+// count against it as a plan's own urgent writes do, so the other writes get what they left,
+// and an urgent write of this cycle still goes out when they spent it all.
+func TestPlanAfterUrgent_ReliefsSinceTheLastCycleCountAgainstTheBudget(t *testing.T) {
+	targets := []Target{target("ns/a-adapting", skewed(100, 100, 100)), target("ns/b-adapting", skewed(100, 100, 100)), hotTarget("ns/z-hot")}
+	for spent, wantWrites := range map[int]int{0: 2, 1: 1, 2: 0, 5: 0} {
+		outs, _ := PlanAfterUrgent(t0, targets, map[string]State{}, 3, spent)
+		writes := 0
+		for _, o := range outs[:2] {
+			if o.Action == ActionWrite {
+				writes++
+			}
+		}
+		if writes != wantWrites {
+			t.Errorf("%d reliefs since the last cycle, budget 3, one urgent write: %d other writes, want %d", spent, writes, wantWrites)
+		}
+		if hot := outs[2]; hot.Action != ActionWrite {
+			t.Errorf("%d reliefs since the last cycle: the overruled model's relief is %s, want Write whatever the budget", spent, hot.Action)
+		}
+	}
+	// Without a budget nothing is deferred, however many reliefs went out.
+	outs, _ := PlanAfterUrgent(t0, targets, map[string]State{}, 0, 10)
+	for _, o := range outs {
+		if o.Action != ActionWrite {
+			t.Errorf("%s: %s with no budget", o.Key, o.Action)
+		}
+	}
+}
+
+// The surge bound learned from the Service's history, and the history, reach the engine: the
+// same tail target at low load decides differently with no bound (1) than with the default (4).
+func TestPlan_TheLearnedSurgeBoundAndLoadHistoryReachTheEngine(t *testing.T) {
+	tg := hotTarget("ns/quiet")
+	for i := range tg.Endpoints {
+		e := &tg.Endpoints[i]
+		e.CPUCores, e.RequestRate, e.LatencyP99Seconds = e.CPUCores/5, e.RequestRate/5, 0.01
+	}
+	tg.RecentPeakRequestRate = 3240.0 / 5
+	decide := func(surge float64, history weights.LoadHistory) weights.Decision {
+		t.Helper()
+		tg := tg
+		tg.SurgeFactor, tg.LoadHistory = surge, history
+		outs, _ := Plan(t0, []Target{tg}, map[string]State{}, 0)
+		if outs[0].Err != nil {
+			t.Fatal(outs[0].Err)
+		}
+		want, err := weights.Compute(weights.Input{Endpoints: tg.Endpoints, WindowCoverage: 1, WindowSeconds: 60, RecentPeakRequestRate: tg.RecentPeakRequestRate, SurgeFactor: surge, LoadHistory: history}, tg.Settings)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(outs[0].Decision.Weights()) != fmt.Sprint(want.Weights()) {
+			t.Fatalf("surge %v: the plan decided %v, the engine with the same input %v", surge, outs[0].Decision.Weights(), want.Weights())
+		}
+		return outs[0].Decision
+	}
+	history := weights.LoadHistory{MaxRise: 1.05, Seconds: 3 * 86400, Samples: 25000}
+	unbound, bound := decide(1, history), decide(0, weights.LoadHistory{})
+	if fmt.Sprint(unbound.Weights()) == fmt.Sprint(bound.Weights()) {
+		t.Fatalf("the same weights with no surge bound and with the default bound: %v", bound.Weights())
+	}
+}

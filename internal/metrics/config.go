@@ -62,6 +62,9 @@ type Config struct {
 	// (DefaultLatencyHistogramQuery): its response has one series per pod and bucket, about
 	// twenty times the other queries', which the largest fleets may not want to pay for.
 	DisableLatencyHistogram bool
+	// HistoryQuery replaces DefaultHistoryQuery, the template of a Service's summed request rate
+	// over its past (HistorySource), for installs that relabel Istio's metrics.
+	HistoryQuery string
 }
 
 // BasicAuth holds HTTP basic-auth credentials; PasswordFile wins over Password.
@@ -135,6 +138,11 @@ func (c Config) Validate() error {
 					errs = append(errs, fmt.Errorf("%s for %s: %w", set.kind, s, err))
 				}
 			}
+		}
+	}
+	if c.HistoryQuery != "" {
+		if err := ValidateHistoryTemplate(c.HistoryQuery); err != nil {
+			errs = append(errs, fmt.Errorf("load history query: %w", err))
 		}
 	}
 	return errors.Join(errs...)

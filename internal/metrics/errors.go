@@ -22,7 +22,8 @@ var (
 	ErrUnreachable = errors.New("TSDB unreachable")
 	// ErrMalformedResponse: the body was not a valid Prometheus API response.
 	ErrMalformedResponse = errors.New("malformed TSDB response")
-	// ErrUnexpectedResultType: the query returned a matrix, scalar or string instead of a vector.
+	// ErrUnexpectedResultType: the query returned another result type than it must (a matrix,
+	// scalar or string instead of a vector; anything but a matrix for a range query).
 	ErrUnexpectedResultType = errors.New("query result is not an instant vector")
 	// ErrNonFinite: a pod's value was NaN or ±Inf.
 	ErrNonFinite = errors.New("non-finite sample value")
@@ -79,10 +80,18 @@ func (e *HTTPStatusError) Is(target error) bool {
 	return target == ErrHTTPStatus || (target == ErrInvalidQuery && e.isInvalidQuery())
 }
 
-// UnexpectedResultTypeError names the result type a query produced instead of a vector.
-type UnexpectedResultTypeError struct{ Got string }
+// UnexpectedResultTypeError names the result type a query produced instead of the one it must.
+type UnexpectedResultTypeError struct {
+	Got string
+	// Want is the result type the query must produce: empty for an instant vector (the per-pod
+	// queries), "matrix" for a range query (the load history).
+	Want string
+}
 
 func (e *UnexpectedResultTypeError) Error() string {
+	if e.Want == resultTypeMatrix {
+		return fmt.Sprintf("range query returned a %s, want a matrix: the load history template must be an expression over a range vector such as sum(rate(...[{{.Window}}]))", e.Got)
+	}
 	return fmt.Sprintf("query returned a %s, want an instant vector: wrap the expression so it yields one series per pod (e.g. sum by (namespace, pod) (...))", e.Got)
 }
 
@@ -184,6 +193,8 @@ func Reason(err error) string {
 		return "partial_response"
 	case errors.Is(err, ErrTemplate):
 		return "template"
+	case errors.Is(err, ErrSeveralSeries):
+		return "several_series"
 	case errors.Is(err, ErrStale):
 		return "stale"
 	default:

@@ -88,7 +88,8 @@ func recordQueries(t *testing.T, refusePOST bool) (string, func() []url.Values) 
 }
 
 // Every query carries latency_offset once, whoever sends it: the source's instant queries (POST,
-// and GET when a gateway refuses POST) and the what-if's client_golang API (instant and range).
+// and GET when a gateway refuses POST), its load history's range queries and the what-if's
+// client_golang API (instant and range).
 // Without a configured offset nothing is added.
 func TestLatencyOffset_GoesWithEveryQuery(t *testing.T) {
 	req := Request{Pods: []Pod{{Namespace: "shop", Name: "api-1"}}, Now: time.Unix(1795348200, 0), Window: time.Minute, Interval: 30 * time.Second}
@@ -106,6 +107,11 @@ func TestLatencyOffset_GoesWithEveryQuery(t *testing.T) {
 		_, _, _ = api.Query(context.Background(), "up", req.Now)
 		_, _, _ = api.QueryRange(context.Background(), "up", v1.Range{Start: req.Now.Add(-time.Hour), End: req.Now, Step: time.Minute})
 	}
+	history := func(t *testing.T, cfg Config) {
+		t.Helper()
+		src, _ := newTestSource(t, cfg)
+		_, _ = src.RateHistory(context.Background(), HistoryRequest{Namespace: "shop", Service: "api", Start: req.Now.Add(-time.Hour), End: req.Now, Step: 30 * time.Second, Window: time.Minute})
+	}
 	cases := map[string]struct {
 		refusePOST bool
 		offset     *time.Duration
@@ -117,6 +123,8 @@ func TestLatencyOffset_GoesWithEveryQuery(t *testing.T) {
 		"the source's queries over the GET retry": {refusePOST: true, offset: ptr(5 * time.Second), send: fetch, requests: 7, want: []string{"5s"}},
 		"the what-if's instant and range queries": {offset: ptr(time.Duration(0)), send: useAPI, requests: 2, want: []string{"1ms"}},
 		"no offset configured, no argument":       {offset: nil, send: fetch, requests: 7, want: nil},
+		"the load history's range query":          {offset: ptr(time.Duration(0)), send: history, requests: 1, want: []string{"1ms"}},
+		"the load history over the GET retry":     {refusePOST: true, offset: ptr(5 * time.Second), send: history, requests: 1, want: []string{"5s"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

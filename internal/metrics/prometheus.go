@@ -45,6 +45,8 @@ type prometheusSource struct {
 	histogram string
 	// remoteClusters is istiod's remote cluster count query's template (istiod.go).
 	remoteClusters string
+	// historyQuery is the load history query's template (DefaultHistoryQuery when empty).
+	historyQuery string
 
 	mu        sync.Mutex
 	templates map[string]*template.Template
@@ -73,6 +75,7 @@ func New(cfg Config, reg prometheus.Registerer) (Source, error) {
 		histogram:      histogramTemplate(cfg),
 		remoteClusters: cmp.Or(cfg.RemoteClustersQuery, DefaultRemoteClustersQuery),
 		templates:      map[string]*template.Template{},
+		historyQuery:   cfg.HistoryQuery,
 	}, nil
 }
 
@@ -409,11 +412,11 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 	form.Set("query", text)
 	form.Set("time", formatTime(now))
 	form.Set("timeout", s.timeout.String())
-	resp, err := s.post(qctx, form)
+	resp, err := s.send(qctx, instantQueryPath, form, http.MethodPost)
 	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
 		// Read-only gateways may refuse POST; v1 falls back to GET the same way.
 		discardBody(resp)
-		resp, err = s.get(qctx, form)
+		resp, err = s.send(qctx, instantQueryPath, form, http.MethodGet)
 	}
 	if err != nil {
 		return apiResponse{}, nil, classify(ctx, qctx, err, s.timeout)
@@ -421,17 +424,7 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 	defer discardBody(resp)
 
 	if resp.StatusCode/100 != 2 {
-		// Error bodies are small; read a bounded prefix to quote it.
-		body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxErrorBodyBytes))
-		if readErr != nil {
-			return apiResponse{}, nil, classify(ctx, qctx, readErr, s.timeout)
-		}
-		detail := truncate(string(body), 1000)
-		// Prefer the API's own error text; a non-JSON body is shown as it came.
-		if decoded, err := decodeQueryResponse(bytes.NewReader(body), s.labels, index); err == nil && decoded.status == "error" && decoded.errorText != "" {
-			detail = decoded.errorText
-		}
-		return apiResponse{}, nil, &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
+		return apiResponse{}, nil, s.statusError(ctx, qctx, resp)
 	}
 
 	body := &readErrorRecorder{r: &cappedReader{r: resp.Body, left: s.maxBytes, limit: s.maxBytes}}
@@ -507,24 +500,44 @@ func discardBody(resp *http.Response) {
 	_ = resp.Body.Close()
 }
 
-func (s *prometheusSource) post(ctx context.Context, form url.Values) (*http.Response, error) {
-	endpoint := s.client.URL("/api/v1/query", nil)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint.String(), strings.NewReader(form.Encode()))
+// The API paths of the two kinds of query.
+const (
+	instantQueryPath = "/api/v1/query"
+	rangeQueryPath   = "/api/v1/query_range"
+)
+
+// send sends a query's form to path, as a POST form or as a GET's query string.
+func (s *prometheusSource) send(ctx context.Context, path string, form url.Values, method string) (*http.Response, error) {
+	endpoint := s.client.URL(path, nil)
+	var body io.Reader
+	if method == http.MethodGet {
+		endpoint.RawQuery = form.Encode()
+	} else {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequestWithContext(ctx, method, endpoint.String(), body)
 	if err != nil {
 		return nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
 	return s.http.Do(req)
 }
 
-func (s *prometheusSource) get(ctx context.Context, form url.Values) (*http.Response, error) {
-	endpoint := s.client.URL("/api/v1/query", nil)
-	endpoint.RawQuery = form.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint.String(), nil)
-	if err != nil {
-		return nil, fmt.Errorf("building the query request for %s: %w", endpoint.Redacted(), err)
+// statusError reads a non-2xx answer into an *HTTPStatusError, quoting the API's own error text
+// when the body has one, else the start of the body as it came.
+func (s *prometheusSource) statusError(ctx, qctx context.Context, resp *http.Response) error {
+	// Error bodies are small; read a bounded prefix to quote it.
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxErrorBodyBytes))
+	if readErr != nil {
+		return classify(ctx, qctx, readErr, s.timeout)
 	}
-	return s.http.Do(req)
+	detail := truncate(string(body), 1000)
+	if decoded, err := decodeMatrix(bytes.NewReader(body)); err == nil && decoded.status == "error" && decoded.errorText != "" {
+		detail = decoded.errorText
+	}
+	return &HTTPStatusError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header), Detail: strings.TrimSpace(detail)}
 }
 
 // formatTime renders t as Unix seconds with the fraction the API accepts.

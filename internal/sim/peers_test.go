@@ -17,7 +17,7 @@ func TestORCAWeight_FormulaBlackoutAndExpiry(t *testing.T) {
 		// weight = qps / (utilization + penalty × eps/qps) = 200 / (0.5 + 0 × 10/200): Istio's
 		// backendUtilization sends an error penalty of 0, so errors do not lower a weight.
 		"after the blackout: qps over utilization, errors not penalised as Istio configures it": {now: 131, host: h, want: 200 / 0.5},
-		"no report for more than 3 minutes: expired":                      {now: 130 + 181, host: h, want: 0},
+		"no report for more than 3 minutes: expired":                                            {now: 130 + 181, host: h, want: 0},
 		"never reported": {now: 500, host: orcaHost{nonEmptySince: -1}, want: 0},
 	}
 	for name, tc := range cases {

@@ -111,10 +111,21 @@ func TestChart_DeploymentIsHardenedAndConfigured(t *testing.T) {
 		"--tsdb-path-prefix=/select/0/prometheus", "--tsdb-header=X-Scope-OrgID=team-a", "--tsdb-bearer-token-file=/var/run/secrets/tsdb/token/token",
 		"--metrics-bind-address=:8443", "--health-probe-bind-address=:8081", "--write-budget=50",
 		"--tsdb-tls-ca-file=/var/run/secrets/tsdb/tls/ca.crt", "--tsdb-tls-cert-file=/var/run/secrets/tsdb/tls/tls.crt",
-		"--tsdb-tls-key-file=/var/run/secrets/tsdb/tls/tls.key", "--endpoint-weight-metrics=false", "--mesh-multi-cluster=auto"} {
+		"--tsdb-tls-key-file=/var/run/secrets/tsdb/tls/tls.key", "--endpoint-weight-metrics=false", "--mesh-multi-cluster=auto",
+		"--tsdb-scrape-interval=15s", "--fast-check-window=30s", "--load-history=72h", "--load-history-refresh=1h"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}
+	}
+	// The check between cycles' interval is the operator's default unless set: it turns the
+	// check off where tsdb.latencyOffset reads data a scrape or more old.
+	if strings.Contains(args, "--fast-check-interval") || strings.Contains(args, "--tsdb-history-query") {
+		t.Errorf("args %q set --fast-check-interval or --tsdb-history-query without their values", args)
+	}
+	off := render(t, "tsdb.url=http://vmselect:8481", "fastCheck.interval=0s")
+	oc, _, _ := unstructured.NestedSlice(off["Deployment/lb-adaptive-lb"].Object, "spec", "template", "spec", "containers")
+	if a := strings.Join(toStrings(oc[0].(map[string]any)["args"]), " "); !strings.Contains(a, "--fast-check-interval=0s") {
+		t.Errorf("fastCheck.interval=0s renders args %q, want --fast-check-interval=0s", a)
 	}
 	sc := c["securityContext"].(map[string]any)
 	if sc["readOnlyRootFilesystem"] != true || sc["allowPrivilegeEscalation"] != false || !reflect.DeepEqual(sc["capabilities"], map[string]any{"drop": []any{"ALL"}}) {
