@@ -76,6 +76,7 @@ func (lf *loopFixture) survivorsReplan(t *testing.T, in cycle.Target) weights.De
 
 func TestMirror_ReplansTheSurvivorsWeightsInTheWriteThatDropsAnEndpoint(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.withoutSurgeBound()
 	lf.load(replanCores, replanRPS)
 	rep := lf.run()
 	if lf.wrote(rep) != 1 {
@@ -281,6 +282,7 @@ func (h *getHook) Get(ctx context.Context, key client.ObjectKey, obj client.Obje
 // departed pod's capacity, must not overwrite them a moment later.
 func TestMirror_ReplanIsNotUndoneByTheWriteOfACycleThatPlannedBeforeThePodLeft(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.withoutSurgeBound()
 	lf.load(replanCores, replanRPS)
 	var got map[string]int
 	// The cycle reads the ServiceEntry to plan, and again to write, after it recorded its plan.
@@ -353,6 +355,7 @@ func TestEndpointStatus_NamesTheMirrorsReplannedWeights(t *testing.T) {
 // it left are undone when it comes back, and each departure re-plans from the same weights.
 func TestMirror_AFlappingPodDoesNotRatchetTheReplan(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
+	lf.withoutSurgeBound()
 	written := lf.adapt(replanCores, replanRPS)
 	var first map[string]int
 	var previous map[string]int

@@ -64,6 +64,21 @@ func (lf *loopFixture) useCapacity() {
 	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Algorithm = adlbv1.AlgorithmCapacity })
 }
 
+// withoutSurgeBound sets spec.tail.surgeFactor to 1: the model's split, as for a Service whose
+// load history shows no surge. The fixture's Service has no history, and the default bound (4)
+// takes the split proportional to capacity at its load, which leaves the tests of the model
+// check and of the re-plan nothing to tell apart.
+func (lf *loopFixture) withoutSurgeBound() {
+	lf.t.Helper()
+	one := adlbv1.Decimal("1")
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
+		if a.Spec.Tail == nil {
+			a.Spec.Tail = &adlbv1.TailParameters{}
+		}
+		a.Spec.Tail.SurgeFactor = &one
+	})
+}
+
 // updateALB changes the spec and waits until the operator's cache has the new generation.
 func (lf *loopFixture) updateALB(name string, change func(*adlbv1.AdaptiveLoadBalancer)) {
 	lf.t.Helper()
