@@ -268,6 +268,11 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 			if jumped[i] != "" {
 				// At least halved, at most cut to a sixteenth, on a short window's estimate.
 				next[i] = clamp(next[i], cur*reliefFactorMin, cur*reliefFactorMax)
+			} else {
+				// A pod the plan gave a trickle has a capacity measured on a few requests: it
+				// takes on at most a cycle's step, however much the split says it could carry
+				// (a slow pod at weight 1 was moved to 123 and queued for seconds).
+				next[i] = math.Min(next[i], cur*s.Capacity.MaxStepRatio)
 			}
 		}
 		hi = math.Max(hi, next[i])
