@@ -202,7 +202,7 @@ func (h *LoadHistories) read(ctx context.Context, job historyJob) (weights.LoadH
 		return weights.LoadHistory{}, fmt.Errorf("read the load history of Service %s/%s: %w", job.key.Namespace, job.service, err)
 	}
 	series := weights.HistorySeries{Planned: rateSamples(planned), Short: rateSamples(short), ShortSeconds: h.ScrapeInterval.Seconds()}
-	return weights.LearnLoadHistory(series, h.reaction(job.interval).Seconds(), peakHorizon.Seconds()), nil
+	return weights.LearnLoadHistory(series, h.reaction(job.interval).Seconds(), peakHorizon.Seconds(), weights.MinHistorySeconds(h.Span.Seconds())), nil
 }
 
 // reaction is how long the weights a cycle decides must carry the load before the next cycle's

@@ -121,6 +121,10 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 		if !decision.Changed {
 			continue
 		}
+		// The mirror's re-plan starts from the last cycle's weights, which this relief replaces:
+		// until the next cycle, endpoints that leave keep the others' weights as they are. Forgot
+		// before the write, so that no re-plan between the two undoes the relief.
+		w.Membership.ForgetPlan(d.key)
 		if reached, err := w.writeWeights(ctx, d, decision, true); err != nil {
 			if reached.patched > 0 {
 				// Some slices carry the relief: the next checks and cycles must know their pods
@@ -142,9 +146,6 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 		w.reliefWrites++
 		w.Cycle.Reliefs.Inc()
 		w.Cycle.EstimatedPushes.Add(float64(len(w.debouncer.Observe(time.Now()))))
-		// The mirror's re-plan starts from the last cycle's weights, which this relief replaced:
-		// until the next cycle, endpoints that leave keep the relieved weights of the others.
-		w.Membership.ForgetPlan(d.key)
 		if err := w.writeReliefStatus(statusCtx, d, decision, wroteAt); err != nil {
 			logger.Error(err, "status write after a relief failed", "adaptiveLoadBalancer", d.key)
 		}

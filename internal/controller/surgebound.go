@@ -30,6 +30,18 @@ type surgeInForce struct {
 	// history is the Service's load history (zero: unknown), learned at learnedAt.
 	history   weights.LoadHistory
 	learnedAt time.Time
+	// planWithHistory says the engine is given the history (weights.Input.LoadHistory), which
+	// also sets the margin over the recent peak: not when the spec sets the surge factor or the
+	// burst margin, which the user's numbers decide.
+	planWithHistory bool
+}
+
+// engineHistory is the load history the engine plans with: none when the spec decides.
+func (s surgeInForce) engineHistory() weights.LoadHistory {
+	if !s.planWithHistory {
+		return weights.LoadHistory{}
+	}
+	return s.history
 }
 
 // ReasonSurgeFromSpec is status.surgeBound's reason when spec.tail.surgeFactor sets the bound.
@@ -62,6 +74,15 @@ func (w *WeightCycle) surgeBoundFor(d *dueTarget, now time.Time) surgeInForce {
 	default:
 		s.factor, s.reason = weights.SurgeBound(d.settings.Tail, st.history)
 		s.input = s.factor
+		switch {
+		case !st.history.Known():
+			// The engine plans with the settings' margin; nothing to say beyond the bound.
+		case d.alb.Spec.Tail != nil && d.alb.Spec.Tail.BurstMargin != nil:
+			s.reason += fmt.Sprintf("; planning margin %s over the recent peak, set in spec.tail.burstMargin", formatFactor(d.settings.Tail.BurstMargin))
+		default:
+			s.planWithHistory = true
+			s.reason += fmt.Sprintf("; planning margin %s over the recent peak", formatFactor(weights.PlanningMargin(d.settings.Tail, st.history)))
+		}
 		if st.err != nil {
 			s.reason += fmt.Sprintf("; the last read of the history since failed (%s): this bound stays until a read succeeds", historyFailure(st.err))
 		}

@@ -180,7 +180,7 @@ func TestSurgeBound_SurgesInTheHistoryGiveTheBoundTheyNeed(t *testing.T) {
 		t.Fatalf("the engine gets surge factor %v, want %v (%s)", in.SurgeFactor, want, why)
 	}
 	sb := lf.surgeBound("learned from the bursts", func(sb *adlbv1.SurgeBound) bool { return sb.LearnedAt != nil })
-	if f := factorOf(t, sb); math.Abs(f-want) > 0.01 || sb.Reason != why || !strings.Contains(sb.Reason, "rose up to") {
+	if f := factorOf(t, sb); math.Abs(f-want) > 0.01 || !strings.HasPrefix(sb.Reason, why) || !strings.Contains(sb.Reason, "rose up to") || !strings.Contains(sb.Reason, "; planning margin 1.1× over the recent peak") {
 		t.Fatalf("status.surgeBound %+v, want factor %.2f with the reason %q", sb, want, why)
 	}
 }
@@ -226,8 +226,41 @@ func TestSurgeBound_TheSpecsSurgeFactorWins(t *testing.T) {
 	if in.SurgeFactor != 0 || in.Settings.Tail.SurgeFactor != 2.5 {
 		t.Fatalf("the engine gets surge factor %v over settings' %v; want the spec's 2.5 through the settings", in.SurgeFactor, in.Settings.Tail.SurgeFactor)
 	}
+	if in.LoadHistory.Known() {
+		t.Fatalf("the engine plans with the history %+v although the spec sets the surge factor", in.LoadHistory)
+	}
 	lf.surgeBound("the spec's", func(sb *adlbv1.SurgeBound) bool {
 		return sb.Factor == "2.50" && sb.Reason == ReasonSurgeFromSpec
+	})
+}
+
+// spec.tail.burstMargin is the user's margin over the recent peak: a flat history still lifts the
+// surge bound, but does not lower the margin the user set.
+func TestSurgeBound_TheSpecsBurstMarginIsNotLoweredByTheHistory(t *testing.T) {
+	lf := newHistoryFixture(t)
+	lf.importHistory(func(time.Time) float64 { return 600 })
+	a := lf.alb()
+	a.Spec.Tail = &adlbv1.TailParameters{BurstMargin: ptrTo(adlbv1.Decimal("1.3"))}
+	if err := k8s.Update(lf.ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	lf.eventually("the operator's cache sees the spec", func() error {
+		c := &adlbv1.AdaptiveLoadBalancer{}
+		if err := operatorClient.Get(lf.ctx, lf.key(), c); err != nil || c.Generation != a.Generation {
+			return errNotYet
+		}
+		return nil
+	})
+	lf.load(evenCores, equalRPS)
+	lf.run()
+	lf.historyReads()
+	rep := lf.cycleAfter(loopInterval)
+	in := rep.Inputs[lf.key()]
+	if in.SurgeFactor != 1 || in.Settings.Tail.BurstMargin != 1.3 || in.LoadHistory.Known() {
+		t.Fatalf("the engine gets surge factor %v, margin %v and history %+v; want 1 from the flat history, the spec's 1.3 and no history to lower it", in.SurgeFactor, in.Settings.Tail.BurstMargin, in.LoadHistory)
+	}
+	lf.surgeBound("learned, with the spec's margin", func(sb *adlbv1.SurgeBound) bool {
+		return sb.Factor == "1.00" && strings.HasSuffix(sb.Reason, "; planning margin 1.3× over the recent peak, set in spec.tail.burstMargin")
 	})
 }
 

@@ -65,7 +65,7 @@ func (w *WeightCycle) evaluate(start time.Time, due []*dueTarget, batches map[ti
 			d.observed.WindowCoverage = windowCoverage(d.health.dataEnd, d.lastWrite, window)
 		}
 		d.surge = w.surgeBoundFor(d, start)
-		d.observed.SurgeFactor, d.observed.LoadHistory = d.surge.input, d.surge.history
+		d.observed.SurgeFactor, d.observed.LoadHistory = d.surge.input, d.surge.engineHistory()
 		if _, planned := w.states[d.key]; !planned {
 			// A new leader, or the first cycle: continue from the peak the status recorded.
 			w.seedPeak(d.key, d.alb, start)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"sort"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/weights"
@@ -91,7 +92,8 @@ func (s *simulation) onFastCheck(t float64) error {
 		}
 	}
 	s.reliefs++
-	s.scheduleApply(t, next)
+	s.planReplaced = true
+	s.scheduleApply(t, next, s.dataMidpoint(t, window))
 	s.pendingAnswers[s.applySeq] = cut
 	s.pendingRelief[s.applySeq] = d.Reason
 	return nil
@@ -111,23 +113,33 @@ func (s *simulation) overloadAnswered(id int32, t float64) bool {
 	return ok && at > visibleTo-s.sc.Controller.Window.Seconds()
 }
 
-// weightCut is one write that lowered a pod's weight.
+// weightCut is one write that lowered a pod's weight, decided at t on data whose window's middle
+// is basis.
 type weightCut struct {
-	t  float64
-	id int32
+	t, basis float64
+	id       int32
 }
 
-// noteCuts records the pods whose weight a write decided at t lowers.
-func (s *simulation) noteCuts(t float64, next map[int32]int) {
+// noteCuts records the pods whose weight a write decided at t on data centred on basis lowers.
+func (s *simulation) noteCuts(t, basis float64, next map[int32]int) {
 	for id, w := range next {
 		if cur := s.writtenWeight(id); cur > 0 && w < cur {
-			s.cuts = append(s.cuts, weightCut{t: t, id: id})
+			s.cuts = append(s.cuts, weightCut{t: t, basis: basis, id: id})
 		}
 	}
 }
 
+// dataMidpoint is the middle of the window a query sent at t over window reads: the newest data
+// is the older of its evaluation time and the newest scrape the TSDB holds.
+func (s *simulation) dataMidpoint(t, window float64) float64 {
+	evalAt, visibleTo := s.evalAt(t)
+	return math.Min(evalAt, visibleTo) - window/2
+}
+
 // reactions measures, for each event that slows a pod group down, how long the controller took
-// to write a lower weight for one of the group's pods.
+// to write a lower weight for one of the group's pods, decided on data mostly after the event
+// (the middle of its window later than the event): a cut the plan made anyway, on a window that
+// mostly predates the slowdown, is not a reaction to it.
 func (s *simulation) reactions() []Reaction {
 	if s.settings == nil {
 		return nil
@@ -147,7 +159,7 @@ func (s *simulation) reactions() []Reaction {
 			at := ev.At.Seconds()
 			r := Reaction{Group: pg.Name, AtS: at, CutAfterS: -1}
 			for _, c := range s.cuts {
-				if c.t >= at && s.pods[c.id].group == g {
+				if c.t >= at && c.basis >= at && s.pods[c.id].group == g {
 					r.CutAfterS = c.t - at
 					break
 				}

@@ -58,7 +58,7 @@ func (s *simulation) loadHistory() weights.LoadHistory {
 			series.Short = append(series.Short, weights.RateSample{EndSeconds: offset + t, Rate: counted(t-scrape, t)})
 		}
 	}
-	return weights.LearnLoadHistory(series, s.reactionSeconds(), peakRateHorizon)
+	return weights.LearnLoadHistory(series, s.reactionSeconds(), peakRateHorizon, weights.MinHistorySeconds(historyDays*86400))
 }
 
 // offeredRate is the scenario's offered request rate at simulated time t.

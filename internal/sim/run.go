@@ -142,6 +142,9 @@ type simulation struct {
 	// kept for the re-plan when endpoints leave (see replan).
 	lastObserved map[int32]weights.Endpoint
 	lastPeak     float64
+	// planReplaced is set when a relief replaced the weights the last cycle planned from: as the
+	// operator's mirror forgets that plan (Membership.ForgetPlan), no re-plan until the next cycle.
+	planReplaced bool
 	// snapFrom is, per pod id, the second of its first kept counters (snapCPU[id][0]).
 	snapFrom []int
 	// rateHistory is the Service's rate as each cycle of the last peakRateHorizon observed it.
@@ -795,6 +798,7 @@ func (s *simulation) onControl(t float64) error {
 		s.started = true
 	}
 	s.lastObserved = make(map[int32]weights.Endpoint, len(ids))
+	s.planReplaced = false
 	for i, h := range ids {
 		s.lastObserved[h] = eps[i]
 	}
@@ -841,7 +845,7 @@ func (s *simulation) onControl(t float64) error {
 	for i, r := range d.Endpoints {
 		next[ids[i]] = r.Weight
 	}
-	s.scheduleApply(t, next)
+	s.scheduleApply(t, next, s.dataMidpoint(t, s.sc.Controller.Window.Seconds()))
 	for i, r := range d.Endpoints {
 		if r.Reason == weights.ReasonOverloaded {
 			s.pendingAnswers[s.applySeq] = append(s.pendingAnswers[s.applySeq], ids[i])
@@ -882,8 +886,8 @@ func (s *simulation) writtenWeight(h int32) int {
 
 // scheduleApply counts a weight write decided at t and has it reach the clients after the apply
 // delay, as the operator's ServiceEntry write reaches them through istiod.
-func (s *simulation) scheduleApply(t float64, next map[int32]int) {
-	s.noteCuts(t, next)
+func (s *simulation) scheduleApply(t float64, next map[int32]int, basis float64) {
+	s.noteCuts(t, basis, next)
 	s.lastApply = t + s.sc.Controller.ApplyDelay.Seconds()
 	s.applySeq++
 	s.pending[s.applySeq] = next
@@ -905,7 +909,7 @@ func (s *simulation) scheduleApply(t float64, next map[int32]int) {
 // re-plan: their source reacts only in its cycle. The new weights reach the clients after the
 // apply delay, like the mirror's write; a re-plan that changes a weight counts as a weight write.
 func (s *simulation) replan(t float64) {
-	if s.settings == nil || len(s.lastObserved) == 0 {
+	if s.settings == nil || len(s.lastObserved) == 0 || s.planReplaced {
 		return
 	}
 	if a := s.settings.Algorithm; a != weights.AlgorithmCapacity && a != weights.AlgorithmTail {
@@ -941,7 +945,8 @@ func (s *simulation) replan(t float64) {
 	if !changed {
 		return
 	}
-	s.scheduleApply(t, next)
+	// A re-plan stands on the last cycle's data: it reacts to a departure, never to a slowdown.
+	s.scheduleApply(t, next, math.Inf(-1))
 }
 
 func (s *simulation) onApply(t float64, seq uint32) {

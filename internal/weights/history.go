@@ -24,6 +24,9 @@ type LoadHistory struct {
 	// Seconds is the span of history it was learned from, and Samples the rates in it.
 	Seconds float64
 	Samples int
+	// TooShortFor is set when the history spans less than the learner needs (this many seconds):
+	// it is unknown, and says why.
+	TooShortFor float64
 }
 
 // Known reports whether there is a history to learn from.
@@ -55,16 +58,21 @@ type HistorySeries struct {
 // LearnLoadHistory returns the largest rise of the Service's short rate, within reactionSeconds
 // of any instant, over the highest planned rate of the peakSeconds before it (the recent peak the
 // cycles plan for), beyond the short rate's sampling noise. Samples that are not finite, negative
-// or out of order are skipped; gaps are allowed. Without two usable samples in either series the
-// history is unknown.
-func LearnLoadHistory(series HistorySeries, reactionSeconds, peakSeconds float64) LoadHistory {
+// or out of order are skipped; gaps are allowed. The history is unknown without two usable
+// samples in either series, when it spans less than minSpanSeconds (a Service an hour old has
+// not shown its daily peak yet), and when no short rate had a recent peak to be compared with.
+func LearnLoadHistory(series HistorySeries, reactionSeconds, peakSeconds, minSpanSeconds float64) LoadHistory {
 	planned, short := cleanRates(series.Planned), cleanRates(series.Short)
 	if len(planned) < 2 || len(short) < 2 || !(reactionSeconds > 0) || !(peakSeconds > 0) || !(series.ShortSeconds > 0) {
 		return LoadHistory{}
 	}
 	first := math.Min(planned[0].EndSeconds, short[0].EndSeconds)
 	last := math.Max(planned[len(planned)-1].EndSeconds, short[len(short)-1].EndSeconds)
-	h := LoadHistory{MaxRise: 1e-9, Seconds: last - first, Samples: len(planned) + len(short)}
+	if last-first < minSpanSeconds {
+		return LoadHistory{Seconds: last - first, Samples: len(planned) + len(short), TooShortFor: minSpanSeconds}
+	}
+	h := LoadHistory{Seconds: last - first, Samples: len(planned) + len(short)}
+	compared := false
 	// Monotone queues of the indexes whose rates can still be the maximum of the window behind
 	// (planned rates) and of the window ahead (short rates) keep the pass linear: three days are
 	// thousands of samples.
@@ -98,12 +106,23 @@ func LearnLoadHistory(series HistorySeries, reactionSeconds, peakSeconds float64
 			continue
 		}
 		peak := math.Max(minHistoryRate, planned[behind[0]].Rate)
-		if rise := beyondRateNoise(short[ahead[0]].Rate, series.ShortSeconds) / peak; rise > h.MaxRise {
+		if rise := beyondRateNoise(short[ahead[0]].Rate, series.ShortSeconds) / peak; !compared || rise > h.MaxRise {
 			h.MaxRise, h.RiseAt = rise, short[ahead[0]].EndSeconds
 		}
+		compared = true
 	}
+	if !compared {
+		return LoadHistory{} // the two series never overlapped: nothing was measured
+	}
+	// A rise below the noise floor is a flat load, not an unknown one.
+	h.MaxRise = math.Max(h.MaxRise, 1e-9)
 	return h
 }
+
+// MinHistorySeconds is the span a load history must cover to be learned from when lookback
+// seconds were asked for: a whole day, where a daily peak lies, or most of the lookback when it is
+// shorter; a tenth is left for the edges (the first scrape, the newest sample's lag).
+func MinHistorySeconds(lookback float64) float64 { return 0.9 * math.Min(lookback, 86400) }
 
 // beyondRateNoise is a rate counted over seconds less historyNoiseZ standard deviations of its
 // Poisson noise.
@@ -135,6 +154,9 @@ const historySafety = 2.0
 // split) for a Service whose load never rose beyond that margin. A bound learned from history is
 // never above the default, unless the history shows rises beyond it.
 func SurgeBound(p TailParams, h LoadHistory) (float64, string) {
+	if h.TooShortFor > 0 {
+		return p.SurgeFactor, fmt.Sprintf("%s of load history, less than the %s needed: the default surge bound %s", formatSpan(h.Seconds), formatSpan(h.TooShortFor), formatFactor(p.SurgeFactor))
+	}
 	if !h.Known() {
 		return p.SurgeFactor, fmt.Sprintf("no load history: the default surge bound %s", formatFactor(p.SurgeFactor))
 	}
@@ -143,6 +165,10 @@ func SurgeBound(p TailParams, h LoadHistory) (float64, string) {
 		return 1, fmt.Sprintf("over %s its load never rose more than %s above its recent peak within the loop's reaction time, inside the planning margin %s: no surge bound", span, formatFactor(h.MaxRise), formatFactor(p.BurstMargin))
 	}
 	f := h.MaxRise * historySafety / p.BurstMargin
+	if h.MaxRise <= p.SurgeFactor && f > p.SurgeFactor {
+		// The default already covers every rise this history shows.
+		return p.SurgeFactor, fmt.Sprintf("over %s its load rose up to %s its recent peak within the loop's reaction time, within the default surge bound %s", span, formatFactor(h.MaxRise), formatFactor(p.SurgeFactor))
+	}
 	return f, fmt.Sprintf("over %s its load rose up to %s its recent peak within the loop's reaction time: surge bound %s (twice that rise, over the planning margin %s)", span, formatFactor(h.MaxRise), formatFactor(f), formatFactor(p.BurstMargin))
 }
 
@@ -153,15 +179,15 @@ func firstPlanMargin(p TailParams, h LoadHistory) float64 {
 	if !h.Known() {
 		return math.Max(p.BurstMargin, unknownPeakMargin)
 	}
-	return math.Max(burstMargin(p, h), math.Min(unknownPeakMargin, h.MaxRise))
+	return math.Max(PlanningMargin(p, h), math.Min(unknownPeakMargin, h.MaxRise))
 }
 
-// burstMargin is the margin over the recent peak (and the projected rate) the tail algorithm
+// PlanningMargin is the margin over the recent peak (and the projected rate) the tail algorithm
 // plans with: BurstMargin, or less for a Service whose history shows no rise that large. A
 // margin the load never needed costs the fast pods their share at high load: on three-gens-85
 // (85% of capacity, a flat history) planning at 1.1 times the load gave a p99 of 197 – 209 ms
 // over three seeds, at the load itself 177 – 186 ms.
-func burstMargin(p TailParams, h LoadHistory) float64 {
+func PlanningMargin(p TailParams, h LoadHistory) float64 {
 	if !h.Known() {
 		return p.BurstMargin
 	}

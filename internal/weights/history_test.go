@@ -32,7 +32,7 @@ const day = 86400
 
 func TestLearnLoadHistory_ASteadyServiceNeverRose(t *testing.T) {
 	for _, rps := range []float64{5, 100, 2000} {
-		h := LearnLoadHistory(historyOf(3*day, func(float64) float64 { return rps }, 1), 66, 600)
+		h := LearnLoadHistory(historyOf(3*day, func(float64) float64 { return rps }, 1), 66, 600, 0)
 		if !h.Known() || h.MaxRise > 1.05 {
 			t.Fatalf("%v rps steady for 3 days: max rise %.3f (known %v), want at most 1.05 (its noise is no surge)", rps, h.MaxRise, h.Known())
 		}
@@ -50,16 +50,29 @@ func TestLearnLoadHistory_FindsTheSurgeWithinTheReactionTime(t *testing.T) {
 		}
 		return 200
 	}
-	h := LearnLoadHistory(historyOf(3*day, rate, 2), 66, 600)
+	h := LearnLoadHistory(historyOf(3*day, rate, 2), 66, 600, 0)
 	if h.MaxRise < 3.2 || h.MaxRise > 3.5 {
 		t.Fatalf("a 3.5× crowd read as a %.2f× rise, want about 3.3 (the short rate less its noise)", h.MaxRise)
 	}
 	if at := math.Mod(h.RiseAt, day); at < 50000 || at > 50150 {
 		t.Fatalf("rise found at %.0f s into a day, want the crowd at 50,000 s", at)
 	}
+	// A rise the default bound (4×) covers keeps the default: twice the rise would be 6×.
 	f, why := SurgeBound(DefaultSettings(AlgorithmTail).Tail, h)
-	if want := h.MaxRise * historySafety / 1.1; math.Abs(f-want) > 1e-9 || !strings.Contains(why, "3 days") {
-		t.Fatalf("surge bound %v (%s), want %v", f, why, want)
+	if f != 4 || !strings.Contains(why, "3 days") || !strings.Contains(why, "within the default surge bound 4×") {
+		t.Fatalf("surge bound %v (%s), want the default 4, which covers the rise", f, why)
+	}
+	// A crowd beyond the default, to 1,100 rps (5.5×), gets twice its rise over the margin.
+	crowd := func(t float64) float64 {
+		if rate(t) == 700 {
+			return 1100
+		}
+		return 200
+	}
+	h = LearnLoadHistory(historyOf(3*day, crowd, 2), 66, 600, 0)
+	f, why = SurgeBound(DefaultSettings(AlgorithmTail).Tail, h)
+	if want := h.MaxRise * historySafety / 1.1; h.MaxRise <= 4 || math.Abs(f-want) > 1e-9 {
+		t.Fatalf("a %.2f× crowd: surge bound %v (%s), want %v", h.MaxRise, f, why, want)
 	}
 }
 
@@ -72,7 +85,7 @@ func TestLearnLoadHistory_ARiseTheRecentPeakCoversIsNoSurge(t *testing.T) {
 		}
 		return 300
 	}
-	h := LearnLoadHistory(historyOf(day, rate, 3), 66, 600)
+	h := LearnLoadHistory(historyOf(day, rate, 3), 66, 600, 0)
 	if h.MaxRise > 1.1 {
 		t.Fatalf("a swing back to the recent peak read as a %.2f× rise", h.MaxRise)
 	}
@@ -86,7 +99,7 @@ func TestLearnLoadHistory_UnknownWithoutData(t *testing.T) {
 		"only NaN":     {Planned: []RateSample{{60, math.NaN()}, {90, math.NaN()}}, Short: []RateSample{{15, math.Inf(1)}, {30, -1}}, ShortSeconds: 15},
 		"out of order": {Planned: []RateSample{{90, 10}, {60, 10}}, Short: []RateSample{{30, 10}, {15, 10}}, ShortSeconds: 15},
 	} {
-		if h := LearnLoadHistory(s, 66, 600); h.Known() {
+		if h := LearnLoadHistory(s, 66, 600, 0); h.Known() {
 			t.Errorf("%s: learned %+v, want unknown", name, h)
 		}
 	}
@@ -115,5 +128,42 @@ func TestTail_AFlatHistoryPlansAtTheLoadItselfAndWithoutTheSurgeBound(t *testing
 	}
 	if b, l := 3*shareOf(bounded, "fast-0"), 3*shareOf(learned, "fast-0"); l < b+0.2 {
 		t.Fatalf("fast pods get %.2f of the weight with the default bound and %.2f with a flat history, want the model's split to lean on them far more", b, l)
+	}
+}
+
+func TestLearnLoadHistory_AHistoryShorterThanItNeedsIsUnknownAndSaysSo(t *testing.T) {
+	// Six hours of a flat load: its daily peak has not come yet.
+	h := LearnLoadHistory(historyOf(6*3600, func(float64) float64 { return 100 }, 5), 66, 600, MinHistorySeconds(3*day))
+	if h.Known() {
+		t.Fatalf("six hours of history learned as %+v, want unknown: a day is needed", h)
+	}
+	f, why := SurgeBound(DefaultSettings(AlgorithmTail).Tail, h)
+	if f != 4 || !strings.Contains(why, "6 hours of load history, less than the") {
+		t.Fatalf("six hours of history: bound %v (%s), want the default 4 and why", f, why)
+	}
+	// The same load over a day and a half is known, and flat.
+	if h := LearnLoadHistory(historyOf(1.5*day, func(float64) float64 { return 100 }, 5), 66, 600, MinHistorySeconds(3*day)); !h.Known() || h.MaxRise > 1.1 {
+		t.Fatalf("a day and a half of a flat load learned as %+v, want known and flat", h)
+	}
+}
+
+func TestLearnLoadHistory_SeriesThatNeverOverlapMeasureNothing(t *testing.T) {
+	// Planned rates for the first day, short rates only for the second: no short rate has a
+	// recent peak before it, so no rise was measured, which is not a flat history.
+	both := historyOf(2*day, func(float64) float64 { return 100 }, 6)
+	var s HistorySeries
+	s.ShortSeconds = both.ShortSeconds
+	for _, r := range both.Planned {
+		if r.EndSeconds < day {
+			s.Planned = append(s.Planned, r)
+		}
+	}
+	for _, r := range both.Short {
+		if r.EndSeconds > day+3600 {
+			s.Short = append(s.Short, r)
+		}
+	}
+	if h := LearnLoadHistory(s, 66, 600, 0); h.Known() {
+		t.Fatalf("series that never overlap learned as %+v, want unknown", h)
 	}
 }

@@ -10,10 +10,13 @@ import (
 // slows down (a neighbour takes its cores) or that a surge of load overloads queues from the first
 // second on. Between cycles the caller reads every pod's newest signals over a short window (two
 // scrapes) and Relieve cuts the weight of each pod whose latency or CPU has jumped since the last
-// cycle, at once. It only ever cuts: raising a weight waits for a cycle and its whole window, and
-// the cycle raises a relieved pod's weight slowly (Endpoint.Relieved), as the Horizontal Pod
-// Autoscaler scales up fast and down slowly, the other way round. When the measurement and the
-// plan disagree, the loop corrects toward the safe split at once and restores the plan with care.
+// cycle, at once. It cuts the pods that jumped; when one of them queues, it moves the others
+// toward the capacity split with it, and those may rise, by at most a cycle's step and never one
+// whose cost or latency is rising too. A relief is written only when it lowers a jumped pod's
+// share. Restoring a relieved pod waits for a cycle and its whole window, and the cycle raises its
+// weight slowly (Endpoint.Relieved), as the Horizontal Pod Autoscaler scales up fast and down
+// slowly, the other way round. When the measurement and the plan disagree, the loop corrects
+// toward the safe split at once and restores the plan with care.
 
 // Reasons of a relief.
 const (
@@ -34,8 +37,9 @@ func costJumped(ep, base Endpoint, windowSeconds float64) bool {
 		ep.CPUCores/ep.RequestRate >= (1+reliefCostJump)*base.CPUCores/base.RequestRate
 }
 
-// Relief thresholds. A pod is judged only when it runs at least reliefExcess above the fleet's
-// utilization. Its CPU has jumped when it runs at hotUtilization of its limit or more and its
+// Relief thresholds. A pod is judged when it runs at least reliefExcess above the fleet's
+// utilization, or, for a latency jump alone, when the short window holds reliefMinRequests of its
+// requests (a pod whose cores a neighbour took queues with its CPU flat). Its CPU has jumped when it runs at hotUtilization of its limit or more and its
 // utilization rose by reliefCPUJump more than the fleet's since the last cycle; its latency has
 // jumped when its p99, in units of its own cost per request, exceeds OverloadLatencyRatio times
 // the median pod's and reliefLatencyJump times its own p99 of the last cycle. Both compare the
@@ -47,7 +51,7 @@ const (
 	// sampling error of a cost measured over a short window (about 2% for a pod serving 100
 	// requests a second with a request-size CV of 1), and beyond the skew between the CPU and
 	// request counters' scrapes while the load moves.
-	reliefCostJump = 0.25
+	reliefCostJump = 0.15
 	// reliefMinRequests is how many requests a short window's CPU per request must stand on.
 	reliefMinRequests = 500
 	// reliefSteadyLoad is how far the fleet's rate, and the pod's, may have moved since the last
@@ -62,6 +66,9 @@ const (
 	reliefFactorMin = 1.0 / 16
 	// reliefRestoreStep is the most a cycle raises a relieved endpoint's weight by.
 	reliefRestoreStep = 1.5
+	// reliefShareMoved is how far a pod's share of the weights must move to count as raised or
+	// cut: beyond the rounding of integer weights.
+	reliefShareMoved = 0.05
 )
 
 // ReliefInput is one Service between two cycles.
@@ -176,6 +183,13 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	// CPU per request is judged only on a steady load: the CPU and request counters are scraped
 	// at different instants, and while the load moves a short window's ratio of the two moves too.
 	steady := math.Abs(total/baseTotal-1) <= reliefSteadyLoad
+	// Each pod's share of the weights now and at the last cycle: a cycle that raised a pod's
+	// share loaded it by design (its CPU rising is the plan, not a jump), and a cycle that cut a
+	// pod's share already answered what it saw of it.
+	shareNow, shareBase := shares(eps, ok, func(ep Endpoint) int { return ep.CurrentWeight }),
+		shares(eps, ok, func(ep Endpoint) int { return in.Baseline[ep.ID].CurrentWeight })
+	shareRose := func(i int) bool { return shareBase[i] > 0 && shareNow[i] > (1+reliefShareMoved)*shareBase[i] }
+	shareFell := func(i int) bool { return shareBase[i] > 0 && shareNow[i] < (1-reliefShareMoved)*shareBase[i] }
 	jumped := make([]string, len(eps))
 	// costRatio is set for a pod relieved for its cost alone: how much more CPU a request takes.
 	costRatio := make([]float64, len(eps))
@@ -186,22 +200,31 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 		base := in.Baseline[ep.ID]
 		u, uBase := ep.CPUCores/limit(ep), base.CPUCores/limit(base)
 		// Busier than the fleet: a pod the fleet's load keeps below its peers' utilization
-		// has no queue that a cut would drain.
-		if u < fleet+reliefExcess {
-			continue
+		// has no queue that a cut would drain, unless its latency says otherwise on enough
+		// requests (a neighbour that takes a pod's cores leaves its CPU flat while it queues).
+		busy := u >= fleet+reliefExcess
+		counted := in.WindowSeconds > 0 && ep.RequestRate*in.WindowSeconds >= reliefMinRequests
+		if !busy && !counted {
+			continue // too few requests to judge its CPU per request either
 		}
+		queues := medianStretch > 0 && ratio > 0 && stretchOf(ep) > ratio*medianStretch
 		switch {
-		// Its latency jumped, or its queue outlived a cycle that left its weight alone: the
-		// last cycle already saw it queue beyond its peers.
-		case medianStretch > 0 && ratio > 0 && stretchOf(ep) > ratio*medianStretch &&
-			(base.LatencyP99Seconds <= 0 || ep.LatencyP99Seconds >= reliefLatencyJump*base.LatencyP99Seconds ||
-				(baseMedianStretch > 0 && stretchOf(base) > ratio*baseMedianStretch)):
+		// Its latency jumped: judged on a busy pod, or on enough requests.
+		case queues && ((base.LatencyP99Seconds <= 0 && busy) || (base.LatencyP99Seconds > 0 && ep.LatencyP99Seconds >= reliefLatencyJump*base.LatencyP99Seconds)),
+			// Or its queue outlived a cycle that left its share alone and did not shrink: the
+			// last cycle already saw it queue beyond its peers.
+			busy && queues && baseMedianStretch > 0 && stretchOf(base) > ratio*baseMedianStretch &&
+				!shareFell(i) && ep.LatencyP99Seconds >= base.LatencyP99Seconds:
 			jumped[i] = fmt.Sprintf("%s: p99 %s, was %s", ep.ID, formatSeconds(ep.LatencyP99Seconds), formatSeconds(base.LatencyP99Seconds))
 			d.Endpoints[i].Reason = ReasonRelievedLatency
-		case u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
+		// Its CPU jumped to its limit while its share held: a pod the cycle gave more runs
+		// hotter by design.
+		case busy && !shareRose(i) && u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
 			jumped[i] = fmt.Sprintf("%s: CPU %.0f%% of its limit, was %.0f%%, the fleet at %.0f%%", ep.ID, 100*u, 100*uBase, 100*fleet)
 			d.Endpoints[i].Reason = ReasonRelievedCPU
-		case steady && in.WeightsSettled && costJumped(ep, base, in.WindowSeconds):
+		// Its CPU per request jumped, on weights that held over the window: every weight
+		// (WeightsSettled), or this pod's share through the last cycle's write.
+		case steady && (in.WeightsSettled || !(shareRose(i) || shareFell(i) || shareBase[i] == 0)) && costJumped(ep, base, in.WindowSeconds):
 			costRatio[i] = (ep.CPUCores / ep.RequestRate) / (base.CPUCores / base.RequestRate)
 			jumped[i] = fmt.Sprintf("%s: CPU per request %s, was %s", ep.ID, formatSeconds(ep.CPUCores/ep.RequestRate), formatSeconds(base.CPUCores/base.RequestRate))
 			d.Endpoints[i].Reason = ReasonRelievedCost
@@ -268,6 +291,10 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 			if jumped[i] != "" {
 				// At least halved, at most cut to a sixteenth, on a short window's estimate.
 				next[i] = clamp(next[i], cur*reliefFactorMin, cur*reliefFactorMax)
+			} else if slowing(ep, in.Baseline[ep.ID]) {
+				// Slowing too, short of a jump: the baseline's capacity overstates it, so it
+				// takes on nothing.
+				next[i] = math.Min(next[i], cur)
 			} else {
 				// A pod the plan gave a trickle has a capacity measured on a few requests: it
 				// takes on at most a cycle's step, however much the split says it could carry
@@ -293,8 +320,52 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 		}
 		d.Changed = true
 	}
-	if d.Changed {
-		d.Reason = "relieved at once, between cycles, toward the capacity split (" + strings.Join(evidence, "; ") + ")"
+	// A relief that leaves every jumped pod's share where it was (the weight floor, the step
+	// bound) relieves nothing: writing it would move the others on every check.
+	after := shares(d.Endpoints, ok, func(r Result) int { return r.Weight })
+	relieves := false
+	for i := range eps {
+		relieves = relieves || (jumped[i] != "" && after[i] < shareNow[i]*(1-reliefShareMoved))
 	}
+	if !relieves {
+		for i, ep := range eps {
+			d.Endpoints[i] = Result{ID: ep.ID, Weight: ep.CurrentWeight}
+		}
+		d.Changed = false
+		d.Reason = "a relief would not lower the share of any pod that jumped (" + strings.Join(evidence, "; ") + ")"
+		return d, nil
+	}
+	d.Reason = "relieved at once, between cycles, toward the capacity split (" + strings.Join(evidence, "; ") + ")"
 	return d, nil
+}
+
+// shares is each endpoint's share of the weights of the endpoints ok marks (0 for the others, and
+// for all when their weights sum to 0).
+func shares[T any](items []T, ok []bool, weight func(T) int) []float64 {
+	out := make([]float64, len(items))
+	sum := 0
+	for i, it := range items {
+		if ok[i] {
+			sum += weight(it)
+		}
+	}
+	if sum <= 0 {
+		return out
+	}
+	for i, it := range items {
+		if ok[i] {
+			out[i] = float64(weight(it)) / float64(sum)
+		}
+	}
+	return out
+}
+
+// slowing reports whether a pod's CPU per request rose since its baseline by a cost jump, or its
+// p99 by half a latency jump: short of a jump, and the short window may be noisy, but a pod that
+// looks slower takes on no load in a relief.
+func slowing(ep, base Endpoint) bool {
+	costRose := base.RequestRate > 0 && base.CPUCores > 0 && ep.RequestRate > 0 &&
+		ep.CPUCores/ep.RequestRate >= (1+reliefCostJump)*base.CPUCores/base.RequestRate
+	p99Rose := base.LatencyP99Seconds > 0 && ep.LatencyP99Seconds >= (1+reliefLatencyJump)/2*base.LatencyP99Seconds
+	return costRose || p99Rose
 }

@@ -224,3 +224,136 @@ func TestCompute_TheCycleDoesNotHalveAgainAnOverloadAReliefAnswered(t *testing.T
 		t.Fatalf("pod-3 halved again to %d for the queue the relief answered", d.Endpoints[3].Weight)
 	}
 }
+
+func TestRelieve_AReliefThatCannotLowerAJumpedPodsShareIsNotWritten(t *testing.T) {
+	// pod-3 already sits at capacity's minimum weight and queues: no split lowers its share,
+	// and moving the others (pod-0 is twice as fast as the split in force says) would write on
+	// every check for nothing.
+	s := DefaultSettings(AlgorithmCapacity)
+	base := reliefFleet()
+	for i := range base {
+		base[i].CurrentWeight = 200
+	}
+	base[0].CPUCores = 0.25
+	base[3].CurrentWeight, base[3].RequestRate, base[3].CPUCores = s.MinWeight, 6, 0.05
+	now := append([]Endpoint(nil), base...)
+	now[3].CPUCores, now[3].LatencyP99Seconds = 0.95, 2
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("a relief that leaves pod-3 at its floor was written: %s %v", d.Reason, weightsOf(d))
+	}
+	if !strings.Contains(d.Reason, "pod-3") {
+		t.Fatalf("the reason %q does not say which jump went unrelieved", d.Reason)
+	}
+
+	// The control: the same jump above the floor is relieved.
+	base[3].CurrentWeight, now[3].CurrentWeight = 40, 40
+	d, err = Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Endpoints[3].Weight >= 40 {
+		t.Fatalf("pod-3 above its floor was not relieved: %s %v", d.Reason, weightsOf(d))
+	}
+}
+
+func TestRelieve_APodTheCycleRaisedRunsHotterByDesign(t *testing.T) {
+	// The last cycle doubled pod-2's weight (it observed 100 before its write): its CPU rising
+	// to 95% of its limit is the plan, not a jump, while its latency holds.
+	base := reliefFleet()
+	now := reliefFleet()
+	now[2].CurrentWeight, now[2].CPUCores, now[2].RequestRate = 200, 0.95, 190
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("the pod the cycle raised was cut for the CPU it was given: %s %v", d.Reason, weightsOf(d))
+	}
+
+	// The control: the same CPU on an unchanged weight is a jump.
+	now[2].CurrentWeight = 100
+	d, err = Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Endpoints[2].Reason != ReasonRelievedCPU {
+		t.Fatalf("pod-2 at 95%% of its limit on an unchanged weight was not relieved: %s %+v", d.Reason, d.Endpoints[2])
+	}
+}
+
+func TestRelieve_AQueueTheCycleAlreadyCutIsLeftToDrain(t *testing.T) {
+	// The last cycle saw pod-3 queue (p99 1.5 s) and halved its weight; the short window shows
+	// the queue draining (p99 0.9 s). Cutting it again would answer twice.
+	base := reliefFleet()
+	base[3].CPUCores, base[3].RequestRate, base[3].LatencyP99Seconds = 1, 62, 1.5
+	now := append([]Endpoint(nil), base...)
+	now[3].CurrentWeight, now[3].LatencyP99Seconds = 50, 0.9
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("the queue the cycle cut was cut again: %s %v", d.Reason, weightsOf(d))
+	}
+
+	// The control: a queue the cycle left alone, not shrinking, is relieved.
+	now[3].CurrentWeight, now[3].LatencyP99Seconds = 100, 1.6
+	d, err = Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Endpoints[3].Weight >= 100 {
+		t.Fatalf("a queue that outlived a cycle which left it alone was not relieved: %s %v", d.Reason, weightsOf(d))
+	}
+}
+
+func TestRelieve_APodSlowingTooTakesOnNoLoad(t *testing.T) {
+	// pod-3 overloads; pod-5 got 30% slower per request, short of a queue. The safe split's
+	// capacities come from the last cycle, which overstate pod-5's: it must not take pod-3's load.
+	base := reliefFleet()
+	now := reliefFleet()
+	now[3].CPUCores, now[3].RequestRate, now[3].LatencyP99Seconds = 1, 62, 1.5
+	now[5].CPUCores = 0.65
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed {
+		t.Fatalf("pod-3 not relieved: %s", d.Reason)
+	}
+	if w := d.Endpoints[5].Weight; w > 100 {
+		t.Fatalf("pod-5, slowing, was raised to %d in the relief", w)
+	}
+}
+
+func TestRelieve_APodThatQueuesWithItsCPUFlatIsCutOnEnoughRequests(t *testing.T) {
+	// A neighbour took pod-4's cores: its CPU reads as before (throttled at what it gets), its
+	// p99 went from 40 ms to 600 ms. 100 rps over 30 s is 3,000 requests: enough to judge.
+	base := reliefFleet()
+	now := reliefFleet()
+	now[4].LatencyP99Seconds = 0.6
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Endpoints[4].Reason != ReasonRelievedLatency || d.Endpoints[4].Weight > 50 {
+		t.Fatalf("pod-4 queueing with its CPU flat was not relieved: %s %+v", d.Reason, d.Endpoints[4])
+	}
+
+	// The control: the same p99 on a trickle (2 rps, 60 requests in the window) is noise.
+	for i := range base {
+		base[i].RequestRate, now[i].RequestRate = 2, 2
+		base[i].CPUCores, now[i].CPUCores = 0.01, 0.01
+	}
+	d, err = Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("a p99 over 60 requests cut a pod that is not busier than its peers: %s %v", d.Reason, weightsOf(d))
+	}
+}

@@ -244,7 +244,7 @@ func planningLoad(in Input, totalRate float64, s Settings) float64 {
 		// algorithm keeps for bursts between two cycles.
 		return math.Max(totalRate, projected) * firstPlanMargin(s.Tail, in.LoadHistory)
 	}
-	return math.Max(math.Max(totalRate, in.RecentPeakRequestRate), projected) * burstMargin(s.Tail, in.LoadHistory)
+	return math.Max(math.Max(totalRate, in.RecentPeakRequestRate), projected) * PlanningMargin(s.Tail, in.LoadHistory)
 }
 
 // unknownPeakMargin is the planning margin over the current rate when the recent peak is unknown.
