@@ -51,7 +51,7 @@ const (
 	// sampling error of a cost measured over a short window (about 2% for a pod serving 100
 	// requests a second with a request-size CV of 1), and beyond the skew between the CPU and
 	// request counters' scrapes while the load moves.
-	reliefCostJump = 0.15
+	reliefCostJump = 0.2
 	// reliefMinRequests is how many requests a short window's CPU per request must stand on.
 	reliefMinRequests = 500
 	// reliefSteadyLoad is how far the fleet's rate, and the pod's, may have moved since the last
@@ -203,7 +203,9 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 		// has no queue that a cut would drain, unless its latency says otherwise on enough
 		// requests (a neighbour that takes a pod's cores leaves its CPU flat while it queues).
 		busy := u >= fleet+reliefExcess
-		counted := in.WindowSeconds > 0 && ep.RequestRate*in.WindowSeconds >= reliefMinRequests
+		// The not-busy path needs a steady load too: a burst queues the pods the clients prefer
+		// (a fast one) for a moment without anything wrong with them.
+		counted := steady && in.WindowSeconds > 0 && ep.RequestRate*in.WindowSeconds >= reliefMinRequests
 		if !busy && !counted {
 			continue // too few requests to judge its CPU per request either
 		}
