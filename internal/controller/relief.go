@@ -22,9 +22,9 @@ import (
 // FastCheckInterval the check reads each pod's newest signals over a short window (two scrapes)
 // in one batched fetch for every Service, and weights.Relieve cuts the weight of a pod whose
 // latency or CPU has jumped since the last cycle, at once, moving the others toward the capacity
-// split when the pod queues. It only ever cuts: the next cycle plans from there and raises a
-// relieved pod's weight slowly (weights.Endpoint.Relieved), as the Horizontal Pod Autoscaler
-// scales up at once and down slowly. The check runs on the weight cycle's goroutine and writes
+// split when the pod queues (the others may rise, by a cycle's step at most). The next cycle plans
+// from there and raises a relieved pod's weight slowly (weights.Endpoint.Relieved), as the
+// Horizontal Pod Autoscaler scales up at once and down slowly. The check runs on the weight cycle's goroutine and writes
 // through the cycle's write path; its writes are urgent (never held for the write budget, which
 // they count against) and never delay the mirror's.
 
@@ -99,6 +99,8 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 		report.Checked = append(report.Checked, d.key)
 		observed, health := d.target(now, res, window, 1, nil, w.Membership)
 		m := w.reliefs[d.key]
+		// A pod relieved a moment ago is not raised by another pod's relief.
+		m.markEndpoints(d, observed.Endpoints, now, health.dataEnd, window)
 		// The weights in force must have been settled over the window and a scrape before it
 		// (the window holds two scrapes) for a pod's CPU per request to be judged.
 		lastWrite := d.lastWrite
@@ -123,7 +125,9 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 		}
 		// The mirror's re-plan starts from the last cycle's weights, which this relief replaces:
 		// until the next cycle, endpoints that leave keep the others' weights as they are. Forgot
-		// before the write, so that no re-plan between the two undoes the relief.
+		// before the write, so that no re-plan between the two undoes the relief; a write that
+		// fails leaves the mirror without a re-plan until the next cycle, which is safe (the
+		// survivors keep their weights).
 		w.Membership.ForgetPlan(d.key)
 		if reached, err := w.writeWeights(ctx, d, decision, true); err != nil {
 			if reached.patched > 0 {

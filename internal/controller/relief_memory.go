@@ -78,8 +78,14 @@ func (w *WeightCycle) markRelieved(d *dueTarget, now, dataEnd time.Time, window 
 	if !ok {
 		return time.Time{}
 	}
-	for i := range d.observed.Endpoints {
-		e := &d.observed.Endpoints[i]
+	m.markEndpoints(d, d.observed.Endpoints, now, dataEnd, window)
+	return m.wroteAt
+}
+
+// markEndpoints sets Relieved and OverloadAnswered on eps, d's endpoints, as markRelieved says.
+func (m *reliefMemory) markEndpoints(d *dueTarget, eps []weights.Endpoint, now, dataEnd time.Time, window time.Duration) {
+	for i := range eps {
+		e := &eps[i]
 		c, ok := m.cuts[e.ID]
 		if pod := d.pods[e.ID]; !ok || pod == nil || pod.Name != c.pod {
 			continue
@@ -87,7 +93,6 @@ func (w *WeightCycle) markRelieved(d *dueTarget, now, dataEnd time.Time, window 
 		e.Relieved = !c.relievedAt.IsZero() && now.Sub(c.relievedAt) < reliefRestoreWindow
 		e.OverloadAnswered = c.answeredAt.After(dataEnd.Add(-window))
 	}
-	return m.wroteAt
 }
 
 // rememberCycle keeps what d's cycle at now observed as the next checks' baseline, and the cuts

@@ -234,8 +234,8 @@ func TestSurgeBound_TheSpecsSurgeFactorWins(t *testing.T) {
 	})
 }
 
-// spec.tail.burstMargin is the user's margin over the recent peak: a flat history still lifts the
-// surge bound, but does not lower the margin the user set.
+// spec.tail.burstMargin is the user's margin over the recent peak: a flat history still lowers the
+// surge bound to 1, but does not lower the margin the user set.
 func TestSurgeBound_TheSpecsBurstMarginIsNotLoweredByTheHistory(t *testing.T) {
 	lf := newHistoryFixture(t)
 	lf.importHistory(func(time.Time) float64 { return 600 })

@@ -70,6 +70,7 @@ func (s *simulation) onFastCheck(t float64) error {
 			HasMetrics:        o.hasMetrics,
 			CurrentWeight:     s.writtenWeight(h),
 			NodeCPUCores:      p.cores,
+			Relieved:          s.relieved(h, t),
 		})
 		ids = append(ids, h)
 		if base, ok := s.lastObserved[h]; ok {

@@ -58,7 +58,12 @@ func (s *simulation) loadHistory() weights.LoadHistory {
 			series.Short = append(series.Short, weights.RateSample{EndSeconds: offset + t, Rate: counted(t-scrape, t)})
 		}
 	}
-	return weights.LearnLoadHistory(series, s.reactionSeconds(), peakRateHorizon, weights.MinHistorySeconds(historyDays*86400))
+	// A real Service's series run on between copies; the simulator leaves gaps so that one copy's
+	// end and the next one's start are not read as a surge. The span the learner asks for shrinks
+	// with the part of the three days the copies fill: the gaps are the construction's, not data
+	// the TSDB lacks.
+	filled := math.Min(1, float64(copies)*s.end/(historyDays*86400))
+	return weights.LearnLoadHistory(series, s.reactionSeconds(), peakRateHorizon, filled*weights.MinHistorySeconds(historyDays*86400))
 }
 
 // offeredRate is the scenario's offered request rate at simulated time t.

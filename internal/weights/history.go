@@ -60,7 +60,8 @@ type HistorySeries struct {
 // cycles plan for), beyond the short rate's sampling noise. Samples that are not finite, negative
 // or out of order are skipped; gaps are allowed. The history is unknown without two usable
 // samples in either series, when it spans less than minSpanSeconds (a Service an hour old has
-// not shown its daily peak yet), and when no short rate had a recent peak to be compared with.
+// not shown its daily peak yet) or its compared samples cover less than half of that, and when
+// no short rate had a recent peak to be compared with.
 func LearnLoadHistory(series HistorySeries, reactionSeconds, peakSeconds, minSpanSeconds float64) LoadHistory {
 	planned, short := cleanRates(series.Planned), cleanRates(series.Short)
 	if len(planned) < 2 || len(short) < 2 || !(reactionSeconds > 0) || !(peakSeconds > 0) || !(series.ShortSeconds > 0) {
@@ -72,7 +73,7 @@ func LearnLoadHistory(series HistorySeries, reactionSeconds, peakSeconds, minSpa
 		return LoadHistory{Seconds: last - first, Samples: len(planned) + len(short), TooShortFor: minSpanSeconds}
 	}
 	h := LoadHistory{Seconds: last - first, Samples: len(planned) + len(short)}
-	compared := false
+	compared, comparisons := false, 0
 	// Monotone queues of the indexes whose rates can still be the maximum of the window behind
 	// (planned rates) and of the window ahead (short rates) keep the pass linear: three days are
 	// thousands of samples.
@@ -110,9 +111,15 @@ func LearnLoadHistory(series HistorySeries, reactionSeconds, peakSeconds, minSpa
 			h.MaxRise, h.RiseAt = rise, short[ahead[0]].EndSeconds
 		}
 		compared = true
+		comparisons++
 	}
 	if !compared {
 		return LoadHistory{} // the two series never overlapped: nothing was measured
+	}
+	// The span runs from the first sample to the last; an hour three days ago and an hour now
+	// span three days but show two hours. Half the span needed must have been compared.
+	if covered := float64(comparisons) * series.ShortSeconds; covered < minSpanSeconds/2 {
+		return LoadHistory{Seconds: covered, Samples: h.Samples, TooShortFor: minSpanSeconds}
 	}
 	// A rise below the noise floor is a flat load, not an unknown one.
 	h.MaxRise = math.Max(h.MaxRise, 1e-9)

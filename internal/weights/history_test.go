@@ -155,3 +155,29 @@ func TestLearnLoadHistory_SeriesThatNeverOverlapMeasureNothing(t *testing.T) {
 		t.Fatalf("series that never overlap learned as %+v, want unknown", h)
 	}
 }
+
+func TestLearnLoadHistory_AnHourThenAndAnHourNowIsNotADay(t *testing.T) {
+	// Two hours of a flat load, three days apart: the span is three days, what was seen is two
+	// hours. Learning "flat" from it would lift every bound.
+	all := historyOf(3*day, func(float64) float64 { return 100 }, 7)
+	var s HistorySeries
+	s.ShortSeconds = all.ShortSeconds
+	keep := func(t float64) bool { return t < 3600 || t > 3*day-3600 }
+	for _, r := range all.Planned {
+		if keep(r.EndSeconds) {
+			s.Planned = append(s.Planned, r)
+		}
+	}
+	for _, r := range all.Short {
+		if keep(r.EndSeconds) {
+			s.Short = append(s.Short, r)
+		}
+	}
+	h := LearnLoadHistory(s, 66, 600, MinHistorySeconds(3*day))
+	if h.Known() || h.TooShortFor == 0 {
+		t.Fatalf("two hours three days apart learned as %+v, want unknown: too little of it was seen", h)
+	}
+	if h := LearnLoadHistory(all, 66, 600, MinHistorySeconds(3*day)); !h.Known() {
+		t.Fatalf("the whole three days learned as %+v, want known", h)
+	}
+}

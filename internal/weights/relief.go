@@ -29,8 +29,9 @@ const (
 // costJumped reports whether an endpoint's CPU per request rose by reliefCostJump or more since
 // its baseline, measured over at least reliefMinRequests requests in the short window while the
 // pod's own rate held within reliefSteadyLoad of its baseline, so that the rise is neither noise
-// nor the skew of two counters scraped at different instants across a change of its load: a pod whose node lost cores to a neighbour, or that runs on throttled
-// hardware, needs more CPU time per request before any queue shows.
+// nor the skew of two counters scraped at different instants across a change of its load: a pod
+// whose node lost cores to a neighbour, or that runs on throttled hardware, needs more CPU time
+// per request before any queue shows.
 func costJumped(ep, base Endpoint, windowSeconds float64) bool {
 	return ep.RequestRate*windowSeconds >= reliefMinRequests &&
 		math.Abs(ep.RequestRate/base.RequestRate-1) <= reliefSteadyLoad &&
@@ -38,8 +39,9 @@ func costJumped(ep, base Endpoint, windowSeconds float64) bool {
 }
 
 // Relief thresholds. A pod is judged when it runs at least reliefExcess above the fleet's
-// utilization, or, for a latency jump alone, when the short window holds reliefMinRequests of its
-// requests (a pod whose cores a neighbour took queues with its CPU flat). Its CPU has jumped when it runs at hotUtilization of its limit or more and its
+// utilization, or, for a latency or cost jump, when the short window holds reliefMinRequests of
+// its requests and the fleet's load held (a pod whose cores a neighbour took queues with its CPU
+// flat, and costs more per request before it is busier than its peers). Its CPU has jumped when it runs at hotUtilization of its limit or more and its
 // utilization rose by reliefCPUJump more than the fleet's since the last cycle; its latency has
 // jumped when its p99, in units of its own cost per request, exceeds OverloadLatencyRatio times
 // the median pod's and reliefLatencyJump times its own p99 of the last cycle. Both compare the
@@ -95,10 +97,12 @@ type ReliefInput struct {
 	Answered map[string]bool
 }
 
-// Relieve cuts the weight of every endpoint whose latency or CPU has jumped since the last cycle,
-// to the share that brings it back to the fleet's mean utilization at its newest capacity, and
-// at least by half. Every other weight stays. The decision is Changed when some weight was cut;
-// its Reason names the pods and the evidence. With the capacity and tail algorithms only.
+// Relieve cuts the weight of every endpoint whose latency or CPU has jumped since the last cycle:
+// one that queues at least by half, toward the capacity split, with the others moved toward it
+// too (none raised beyond a cycle's step, none that is slowing or was relieved a moment ago);
+// one that only got slower in proportion to its cost. The decision is Changed only when a jumped
+// pod's share falls; its Reason names the pods and the evidence (or why no relief was written).
+// With the capacity and tail algorithms only.
 func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	if err := s.Validate(); err != nil {
 		return Decision{}, fmt.Errorf("invalid weight settings: %w", err)
@@ -185,13 +189,15 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	// CPU per request is judged only on a steady load: the CPU and request counters are scraped
 	// at different instants, and while the load moves a short window's ratio of the two moves too.
 	steady := math.Abs(total/baseTotal-1) <= reliefSteadyLoad
-	// Each pod's share of the weights now and at the last cycle: a cycle that raised a pod's
-	// share loaded it by design (its CPU rising is the plan, not a jump), and a cycle that cut a
-	// pod's share already answered what it saw of it.
-	shareNow, shareBase := shares(eps, ok, func(ep Endpoint) int { return ep.CurrentWeight }),
-		shares(eps, ok, func(ep Endpoint) int { return in.Baseline[ep.ID].CurrentWeight })
-	shareRose := func(i int) bool { return shareBase[i] > 0 && shareNow[i] > (1+reliefShareMoved)*shareBase[i] }
-	shareFell := func(i int) bool { return shareBase[i] > 0 && shareNow[i] < (1-reliefShareMoved)*shareBase[i] }
+	// How each pod's own weight moved since the last cycle, against the median pod's move: a
+	// cycle that raised a pod loaded it by design (its CPU rising is the plan, not a jump), and
+	// a cycle that cut a pod already answered what it saw of it. Against the median, not as a
+	// share: a share moves when any other pod's weight does, and halving one pod of eight would
+	// read as a raise of all the others. A pod raised from 0 rose.
+	moved := weightMoves(eps, ok, in.Baseline)
+	shareRose := func(i int) bool { return moved[i] > 1+reliefShareMoved }
+	shareFell := func(i int) bool { return moved[i] < 1-reliefShareMoved }
+	shareNow := shares(eps, ok, func(ep Endpoint) int { return ep.CurrentWeight })
 	jumped := make([]string, len(eps))
 	// costRatio is set for a pod relieved for its cost alone: how much more CPU a request takes.
 	costRatio := make([]float64, len(eps))
@@ -228,7 +234,7 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 			d.Endpoints[i].Reason = ReasonRelievedCPU
 		// Its CPU per request jumped, on weights that held over the window: every weight
 		// (WeightsSettled), or this pod's share through the last cycle's write.
-		case steady && (in.WeightsSettled || !(shareRose(i) || shareFell(i) || shareBase[i] == 0)) && costJumped(ep, base, in.WindowSeconds):
+		case steady && (in.WeightsSettled || !(shareRose(i) || shareFell(i))) && costJumped(ep, base, in.WindowSeconds):
 			costRatio[i] = (ep.CPUCores / ep.RequestRate) / (base.CPUCores / base.RequestRate)
 			jumped[i] = fmt.Sprintf("%s: CPU per request %s, was %s", ep.ID, formatSeconds(ep.CPUCores/ep.RequestRate), formatSeconds(base.CPUCores/base.RequestRate))
 			d.Endpoints[i].Reason = ReasonRelievedCost
@@ -295,9 +301,10 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 			if jumped[i] != "" {
 				// At least halved, at most cut to a sixteenth, on a short window's estimate.
 				next[i] = clamp(next[i], cur*reliefFactorMin, cur*reliefFactorMax)
-			} else if slowing(ep, in.Baseline[ep.ID]) {
-				// Slowing too, short of a jump: the baseline's capacity overstates it, so it
-				// takes on nothing.
+			} else if slowing(ep, in.Baseline[ep.ID]) || ep.Relieved || in.Answered[ep.ID] {
+				// Slowing too, short of a jump (the baseline's capacity overstates it), or
+				// relieved a moment ago (restoring it is the cycles' to do, slowly): its weight
+				// does not rise.
 				next[i] = math.Min(next[i], cur)
 			} else {
 				// A pod the plan gave a trickle has a capacity measured on a few requests: it
@@ -341,6 +348,37 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	}
 	d.Reason = "relieved at once, between cycles, toward the capacity split (" + strings.Join(evidence, "; ") + ")"
 	return d, nil
+}
+
+// weightMoves is, for each endpoint ok marks, how its weight moved since its baseline (now over
+// then) divided by the median endpoint's move: 1 for a pod that moved as the fleet did, +Inf for
+// one raised from 0, 1 for one without a baseline weight now or then.
+func weightMoves(eps []Endpoint, ok []bool, baseline map[string]Endpoint) []float64 {
+	out := make([]float64, len(eps))
+	var finiteMoves []float64
+	for i, ep := range eps {
+		out[i] = 1
+		if !ok[i] {
+			continue
+		}
+		switch base := baseline[ep.ID].CurrentWeight; {
+		case base > 0:
+			out[i] = float64(ep.CurrentWeight) / float64(base)
+			finiteMoves = append(finiteMoves, out[i])
+		case ep.CurrentWeight > 0:
+			out[i] = math.Inf(1)
+		}
+	}
+	if len(finiteMoves) == 0 {
+		return out
+	}
+	mid := median(finiteMoves)
+	for i := range out {
+		if ok[i] && !math.IsInf(out[i], 1) && mid > 0 {
+			out[i] /= mid
+		}
+	}
+	return out
 }
 
 // shares is each endpoint's share of the weights of the endpoints ok marks (0 for the others, and

@@ -312,12 +312,13 @@ func TestRelieve_AQueueTheCycleAlreadyCutIsLeftToDrain(t *testing.T) {
 }
 
 func TestRelieve_APodSlowingTooTakesOnNoLoad(t *testing.T) {
-	// pod-3 overloads; pod-5 got 30% slower per request, short of a queue. The safe split's
-	// capacities come from the last cycle, which overstate pod-5's: it must not take pod-3's load.
+	// pod-3 overloads; pod-5's p99 went from 40 to 90 ms, short of a jump (three times). The
+	// safe split's capacities come from the last cycle, which may overstate pod-5's: it must not
+	// take pod-3's load.
 	base := reliefFleet()
 	now := reliefFleet()
 	now[3].CPUCores, now[3].RequestRate, now[3].LatencyP99Seconds = 1, 62, 1.5
-	now[5].CPUCores = 0.65
+	now[5].LatencyP99Seconds = 0.09
 	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
 	if err != nil {
 		t.Fatal(err)
@@ -325,8 +326,17 @@ func TestRelieve_APodSlowingTooTakesOnNoLoad(t *testing.T) {
 	if !d.Changed {
 		t.Fatalf("pod-3 not relieved: %s", d.Reason)
 	}
-	if w := d.Endpoints[5].Weight; w > 100 {
-		t.Fatalf("pod-5, slowing, was raised to %d in the relief", w)
+	if r := d.Endpoints[5]; r.Weight > 100 || r.Reason == ReasonRelievedLatency || r.Reason == ReasonRelievedCost {
+		t.Fatalf("pod-5, slowing short of a jump, was raised or relieved itself: %+v", r)
+	}
+	// The control: a pod that is not slowing takes on load.
+	now[5].LatencyP99Seconds = 0.04
+	d, err = Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := d.Endpoints[5].Weight; w <= 100 {
+		t.Fatalf("pod-5, healthy, kept %d: the control does not show the safe split raising anyone", w)
 	}
 }
 
@@ -355,5 +365,46 @@ func TestRelieve_APodThatQueuesWithItsCPUFlatIsCutOnEnoughRequests(t *testing.T)
 	}
 	if d.Changed {
 		t.Fatalf("a p99 over 60 requests cut a pod that is not busier than its peers: %s %v", d.Reason, weightsOf(d))
+	}
+}
+
+func TestRelieve_ALatencyJumpOnAPodNoBusierThanItsPeersNeedsASteadyLoad(t *testing.T) {
+	// pod-4's p99 went from 40 to 600 ms with its CPU flat, while the fleet's rate rose by 30%: a
+	// burst queues the pod the clients prefer for a moment. Only a busy pod is judged then.
+	base := reliefFleet()
+	now := reliefFleet()
+	for i := range now {
+		now[i].RequestRate, now[i].CPUCores = 130, 0.65
+	}
+	now[4].LatencyP99Seconds = 0.6
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("a pod no busier than its peers was relieved for its p99 while the load rose 30%%: %s %v", d.Reason, weightsOf(d))
+	}
+}
+
+func TestRelieve_ACostRiseShortOfAJumpIsNoise(t *testing.T) {
+	// A steady seed-fib pod's short window read its CPU per request 17% above its cycle's: below
+	// the 20% jump, nothing is relieved; at 25%, its weight follows its capacity down.
+	base := reliefFleet()
+	now := reliefFleet()
+	now[6].CPUCores = 0.585
+	d, err := Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Changed {
+		t.Fatalf("a 17%% rise of CPU per request was relieved: %s %v", d.Reason, weightsOf(d))
+	}
+	now[6].CPUCores = 0.625
+	d, err = Relieve(ReliefInput{Endpoints: now, Baseline: baselineOf(base), WindowSeconds: 30, WeightsSettled: true}, DefaultSettings(AlgorithmTail))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Changed || d.Endpoints[6].Reason != ReasonRelievedCost || d.Endpoints[6].Weight != 80 {
+		t.Fatalf("a 25%% rise of CPU per request: %s %+v, want pod-6 at 100/1.25 = 80", d.Reason, d.Endpoints[6])
 	}
 }
