@@ -18,10 +18,7 @@ const resultTypeVector = "vector"
 
 // apiResponse is what decodeQueryResponse read from one Prometheus HTTP API body.
 type apiResponse struct {
-	status    string
-	errorType string
-	errorText string
-	warnings  []string
+	apiEnvelope
 	// resultType is empty when the body had no data object.
 	resultType string
 	result     podValues
@@ -45,6 +42,26 @@ func decodeQueryResponse(body io.Reader, labels Labels, index *podIndex) (apiRes
 // (one per pod and le) go to buckets instead.
 func decodeResponse(body io.Reader, labels Labels, index *podIndex, histogram bool) (apiResponse, error) {
 	out := apiResponse{histogram: histogram}
+	var err error
+	out.apiEnvelope, err = decodeEnvelope(body, func(iter *jsoniter.Iterator) error {
+		return decodeData(iter, labels, index, &out)
+	})
+	return out, err
+}
+
+// apiEnvelope is what every Prometheus HTTP API body says around its data.
+type apiEnvelope struct {
+	status    string
+	errorType string
+	errorText string
+	warnings  []string
+}
+
+// decodeEnvelope streams a Prometheus HTTP API body: the envelope's fields into the result, the
+// data object to data. Unknown fields are skipped; a status other than success or error is a
+// malformed response.
+func decodeEnvelope(body io.Reader, data func(*jsoniter.Iterator) error) (apiEnvelope, error) {
+	var out apiEnvelope
 	iter := jsoniter.Parse(jsoniter.ConfigFastest, body, decodeBufferBytes)
 	var dataErr error
 	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
@@ -61,7 +78,7 @@ func decodeResponse(body io.Reader, labels Labels, index *podIndex, histogram bo
 				return true
 			})
 		case "data":
-			dataErr = decodeData(iter, labels, index, &out)
+			dataErr = data(iter)
 		default:
 			iter.Skip()
 		}

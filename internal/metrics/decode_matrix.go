@@ -17,11 +17,10 @@ const resultTypeMatrix = "matrix"
 // matrixResponse is what decodeMatrix read from one Prometheus HTTP API body: the envelope, and
 // the points of the first series of a matrix (a history query returns one).
 type matrixResponse struct {
-	status, errorType, errorText string
-	warnings                     []string
-	resultType                   string
-	series                       int
-	points                       []RatePoint
+	apiEnvelope
+	resultType string
+	series     int
+	points     []RatePoint
 }
 
 // decodeMatrix streams a range-query body (or any API body's envelope, such as an error's). Only
@@ -29,38 +28,11 @@ type matrixResponse struct {
 // answer with more. Unknown fields are skipped.
 func decodeMatrix(body io.Reader) (matrixResponse, error) {
 	var out matrixResponse
-	iter := jsoniter.Parse(jsoniter.ConfigFastest, body, decodeBufferBytes)
-	var dataErr error
-	iter.ReadObjectCB(func(iter *jsoniter.Iterator, field string) bool {
-		switch field {
-		case "status":
-			out.status = iter.ReadString()
-		case "errorType":
-			out.errorType = iter.ReadString()
-		case "error":
-			out.errorText = iter.ReadString()
-		case "warnings":
-			iter.ReadArrayCB(func(iter *jsoniter.Iterator) bool {
-				out.warnings = append(out.warnings, iter.ReadString())
-				return true
-			})
-		case "data":
-			dataErr = decodeMatrixData(iter, &out)
-		default:
-			iter.Skip()
-		}
-		return iter.Error == nil && dataErr == nil
+	var err error
+	out.apiEnvelope, err = decodeEnvelope(body, func(iter *jsoniter.Iterator) error {
+		return decodeMatrixData(iter, &out)
 	})
-	if iter.Error != nil {
-		return out, fmt.Errorf("%w: %v", ErrMalformedResponse, iter.Error)
-	}
-	if dataErr != nil {
-		return out, dataErr
-	}
-	if out.status != "success" && out.status != "error" {
-		return out, fmt.Errorf("%w: status is %q, want \"success\" or \"error\" (is the URL a Prometheus-compatible API?)", ErrMalformedResponse, out.status)
-	}
-	return out, nil
+	return out, err
 }
 
 // decodeMatrixData reads the data object; the result is decoded only when resultType says matrix,
