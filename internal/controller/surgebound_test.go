@@ -137,18 +137,7 @@ func TestSurgeBound_AFlatHistoryNeedsNoBound(t *testing.T) {
 	if n := lf.historyReads(); n != 0 {
 		t.Fatalf("%d history reads within the refresh of an unchanged Service, want 0", n)
 	}
-	a := lf.alb()
-	a.Spec.MinWeight = ptrTo(int32(2))
-	if err := k8s.Update(lf.ctx, a); err != nil {
-		t.Fatal(err)
-	}
-	lf.eventually("the operator's cache sees the spec change", func() error {
-		c := &adlbv1.AdaptiveLoadBalancer{}
-		if err := operatorClient.Get(lf.ctx, lf.key(), c); err != nil || c.Generation != a.Generation {
-			return errNotYet
-		}
-		return nil
-	})
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.MinWeight = ptrTo(int32(2)) })
 	lf.cycleAfter(loopInterval)
 	if n := lf.historyReads(); n != 1 {
 		t.Fatalf("%d history reads after a spec change, want 1", n)
@@ -206,17 +195,8 @@ func TestSurgeBound_AServiceWithoutHistoryGetsTheDefault(t *testing.T) {
 func TestSurgeBound_TheSpecsSurgeFactorWins(t *testing.T) {
 	lf := newHistoryFixture(t)
 	lf.importHistory(func(time.Time) float64 { return 600 })
-	a := lf.alb()
-	a.Spec.Tail = &adlbv1.TailParameters{SurgeFactor: ptrTo(adlbv1.Decimal("2.5"))}
-	if err := k8s.Update(lf.ctx, a); err != nil {
-		t.Fatal(err)
-	}
-	lf.eventually("the operator's cache sees the spec", func() error {
-		c := &adlbv1.AdaptiveLoadBalancer{}
-		if err := operatorClient.Get(lf.ctx, lf.key(), c); err != nil || c.Generation != a.Generation {
-			return errNotYet
-		}
-		return nil
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Tail = &adlbv1.TailParameters{SurgeFactor: ptrTo(adlbv1.Decimal("2.5"))}
 	})
 	lf.load(evenCores, equalRPS)
 	lf.run()
@@ -239,17 +219,8 @@ func TestSurgeBound_TheSpecsSurgeFactorWins(t *testing.T) {
 func TestSurgeBound_TheSpecsBurstMarginIsNotLoweredByTheHistory(t *testing.T) {
 	lf := newHistoryFixture(t)
 	lf.importHistory(func(time.Time) float64 { return 600 })
-	a := lf.alb()
-	a.Spec.Tail = &adlbv1.TailParameters{BurstMargin: ptrTo(adlbv1.Decimal("1.3"))}
-	if err := k8s.Update(lf.ctx, a); err != nil {
-		t.Fatal(err)
-	}
-	lf.eventually("the operator's cache sees the spec", func() error {
-		c := &adlbv1.AdaptiveLoadBalancer{}
-		if err := operatorClient.Get(lf.ctx, lf.key(), c); err != nil || c.Generation != a.Generation {
-			return errNotYet
-		}
-		return nil
+	lf.updateALB("web", func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Tail = &adlbv1.TailParameters{BurstMargin: ptrTo(adlbv1.Decimal("1.3"))}
 	})
 	lf.load(evenCores, equalRPS)
 	lf.run()
