@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
+	"io"
 	"net/url"
 	"strconv"
 	"strings"
@@ -222,42 +222,20 @@ func minTime(a, b time.Time) time.Time {
 // queryRange runs one range query and turns every failure into a typed error, as query does for
 // instant queries.
 func (s *prometheusSource) queryRange(ctx context.Context, text string, start, end time.Time, step time.Duration) ([]RatePoint, error) {
-	qctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	form := url.Values{}
 	form.Set("query", text)
 	form.Set("start", formatTime(start))
 	form.Set("end", formatTime(end))
 	form.Set("step", strconv.FormatFloat(step.Seconds(), 'f', -1, 64))
-	form.Set("timeout", s.timeout.String())
-	resp, err := s.send(qctx, rangeQueryPath, form, http.MethodPost)
-	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
-		discardBody(resp)
-		resp, err = s.send(qctx, rangeQueryPath, form, http.MethodGet)
-	}
-	if err != nil {
-		return nil, classify(ctx, qctx, err, s.timeout)
-	}
-	defer discardBody(resp)
-	if resp.StatusCode/100 != 2 {
-		return nil, s.statusError(ctx, qctx, resp)
-	}
-	body := &readErrorRecorder{r: &cappedReader{r: resp.Body, left: s.maxBytes, limit: s.maxBytes}}
-	decoded, decodeErr := decodeMatrix(body)
-	if errors.Is(body.err, ErrResponseTooLarge) {
-		return nil, body.err
-	}
-	if body.err != nil {
-		return nil, classify(ctx, qctx, body.err, s.timeout)
-	}
-	if decodeErr != nil {
-		return nil, fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
-	}
+	var decoded matrixResponse
+	err := s.exchange(ctx, rangeQueryPath, form, func(body io.Reader) (apiEnvelope, error) {
+		var err error
+		decoded, err = decodeMatrix(body)
+		return decoded.apiEnvelope, err
+	})
 	switch {
-	case decoded.status == "error":
-		return nil, fmt.Errorf("%w: %s: %s", ErrMalformedResponse, decoded.errorType, decoded.errorText)
-	case len(decoded.warnings) > 0:
-		return nil, &PartialResponseError{Warnings: decoded.warnings}
+	case err != nil:
+		return nil, err
 	case decoded.resultType == "":
 		return nil, fmt.Errorf("%w: response has no data", ErrMalformedResponse)
 	case decoded.resultType != resultTypeMatrix:

@@ -406,43 +406,21 @@ func (s *prometheusSource) runPlanned(ctx context.Context, q *plannedQuery, now 
 // through the source's round-tripper (TLS, auth, headers); a successful body is decoded by
 // decodeQueryResponse as it streams in, and each series is attributed through the cycle's index.
 func (s *prometheusSource) query(ctx context.Context, text string, now time.Time, index *podIndex, histogram bool) (apiResponse, []string, error) {
-	qctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	form := url.Values{}
 	form.Set("query", text)
 	form.Set("time", formatTime(now))
-	form.Set("timeout", s.timeout.String())
-	resp, err := s.send(qctx, instantQueryPath, form, http.MethodPost)
-	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
-		// Read-only gateways may refuse POST; v1 falls back to GET the same way.
-		discardBody(resp)
-		resp, err = s.send(qctx, instantQueryPath, form, http.MethodGet)
+	var decoded apiResponse
+	err := s.exchange(ctx, instantQueryPath, form, func(body io.Reader) (apiEnvelope, error) {
+		var err error
+		decoded, err = decodeResponse(body, s.labels, index, histogram)
+		return decoded.apiEnvelope, err
+	})
+	var partial *PartialResponseError
+	if errors.As(err, &partial) {
+		return apiResponse{}, decoded.warnings, err
 	}
 	if err != nil {
-		return apiResponse{}, nil, classify(ctx, qctx, err, s.timeout)
-	}
-	defer discardBody(resp)
-
-	if resp.StatusCode/100 != 2 {
-		return apiResponse{}, nil, s.statusError(ctx, qctx, resp)
-	}
-
-	body := &readErrorRecorder{r: &cappedReader{r: resp.Body, left: s.maxBytes, limit: s.maxBytes}}
-	decoded, decodeErr := decodeResponse(body, s.labels, index, histogram)
-	if errors.Is(body.err, ErrResponseTooLarge) {
-		return apiResponse{}, nil, body.err
-	}
-	if body.err != nil { // the transport failed mid-body: a timeout or a reset, not bad JSON
-		return apiResponse{}, nil, classify(ctx, qctx, body.err, s.timeout)
-	}
-	if decodeErr != nil {
-		return apiResponse{}, nil, fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
-	}
-	if decoded.status == "error" {
-		return apiResponse{}, nil, fmt.Errorf("%w: %s: %s", ErrMalformedResponse, decoded.errorType, decoded.errorText)
-	}
-	if len(decoded.warnings) > 0 {
-		return apiResponse{}, decoded.warnings, &PartialResponseError{Warnings: decoded.warnings}
+		return apiResponse{}, nil, err
 	}
 	switch decoded.resultType {
 	case "":
@@ -455,6 +433,47 @@ func (s *prometheusSource) query(ctx context.Context, text string, now time.Time
 		return apiResponse{}, nil, &NoDataError{}
 	}
 	return decoded, nil, nil
+}
+
+// exchange sends one query's form to path with the source's timeout, by POST or, where a
+// read-only gateway refuses POST, by GET (as v1 does), decodes the body with decode as it streams
+// in, and turns every failure into a typed error: the transport's, the HTTP status's, a body too
+// large or cut off, a malformed body, the API's error status, and its warnings (a partial
+// response).
+func (s *prometheusSource) exchange(ctx context.Context, path string, form url.Values, decode func(io.Reader) (apiEnvelope, error)) error {
+	qctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	form.Set("timeout", s.timeout.String())
+	resp, err := s.send(qctx, path, form, http.MethodPost)
+	if err == nil && (resp.StatusCode == http.StatusMethodNotAllowed || resp.StatusCode == http.StatusNotImplemented) {
+		discardBody(resp)
+		resp, err = s.send(qctx, path, form, http.MethodGet)
+	}
+	if err != nil {
+		return classify(ctx, qctx, err, s.timeout)
+	}
+	defer discardBody(resp)
+	if resp.StatusCode/100 != 2 {
+		return s.statusError(ctx, qctx, resp)
+	}
+	body := &readErrorRecorder{r: &cappedReader{r: resp.Body, left: s.maxBytes, limit: s.maxBytes}}
+	envelope, decodeErr := decode(body)
+	if errors.Is(body.err, ErrResponseTooLarge) {
+		return body.err
+	}
+	if body.err != nil { // the transport failed mid-body: a timeout or a reset, not bad JSON
+		return classify(ctx, qctx, body.err, s.timeout)
+	}
+	if decodeErr != nil {
+		return fmt.Errorf("%w (is the URL a Prometheus-compatible API?)", decodeErr)
+	}
+	if envelope.status == "error" {
+		return fmt.Errorf("%w: %s: %s", ErrMalformedResponse, envelope.errorType, envelope.errorText)
+	}
+	if len(envelope.warnings) > 0 {
+		return &PartialResponseError{Warnings: envelope.warnings}
+	}
+	return nil
 }
 
 // cappedReader fails with ErrResponseTooLarge once more than limit bytes were read.
