@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -180,12 +179,7 @@ func TestWeightCycle_DoesNotYieldToAReplanWhoseWriteFailed(t *testing.T) {
 // ServiceEntries carry.
 func TestWeightCycle_EveryServiceFailsOpenInOneCycleWhateverTheBudget(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
-	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
-	lf.slice("api", "api-x", lf.allReady()...)
-	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: loopInterval} })
-	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
-	lf.waitForAddresses("api", lf.ips...)
-	lf.waitForCondition("api", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	lf.addService("api")
 	lf.loop.Budget = 1
 	lf.load(skewedCores, equalRPS)
 	for range 2 { // one write per cycle

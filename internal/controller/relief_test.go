@@ -207,13 +207,7 @@ func TestRelief_ASteadyServiceIsNeverRelieved(t *testing.T) {
 func TestRelief_TheBudgetNeverHoldsAReliefAndMembershipNeverWaitsBehindIt(t *testing.T) {
 	lf := newCheckFixture(t)
 	lf.loop.Budget = 1
-	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
-	lf.slice("api", "api-x", lf.allReady()...)
-	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: loopInterval} })
-	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
-	lf.waitForAddresses("api", lf.ips...)
-	lf.waitForCondition("api", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
-	apiKey := types.NamespacedName{Namespace: lf.ns, Name: "api"}
+	apiKey := lf.addService("api")
 
 	// Both Services need a write (equal weights on skewed pods); the budget of 1 serves one.
 	lf.load(skewedCores, equalRPS)
@@ -281,11 +275,7 @@ func TestRelief_TheBudgetNeverHoldsAReliefAndMembershipNeverWaitsBehindIt(t *tes
 // Services, one fetch.
 func TestRelief_OneBatchedFetchPerCheck(t *testing.T) {
 	lf := newCheckFixture(t)
-	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
-	lf.slice("api", "api-x", lf.allReady()...)
-	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) { a.Spec.Interval = &metav1.Duration{Duration: loopInterval} })
-	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
-	lf.waitForCondition("api", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	lf.addService("api")
 	counting := &countingSource{Source: lf.loop.Source}
 	lf.loop.Source = counting
 	lf.load(evenCores, equalRPS)

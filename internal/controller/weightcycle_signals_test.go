@@ -127,17 +127,11 @@ func endpointReason(a *adlbv1.AdaptiveLoadBalancer, ip string) string {
 func TestWeightCycle_TwoServicesOnTheSamePodsUseTheirOwnQueries(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
 	lf.useCapacity()
-	lf.service("api", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
-	lf.slice("api", "api-x", lf.allReady()...)
-	api := lf.fixture.alb("api", "api", func(a *adlbv1.AdaptiveLoadBalancer) {
+	lf.addService("api", func(a *adlbv1.AdaptiveLoadBalancer) {
 		a.Spec.Algorithm = adlbv1.AlgorithmCapacity
-		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
 		a.Spec.Metrics = &adlbv1.MetricsSpec{Queries: &adlbv1.QueryOverrides{
 			CPU: `sum by (namespace, pod) (rate(app_cpu_seconds_total{namespace=~"{{.Namespaces}}", pod=~"{{.Pods}}"}[{{.Window}}]))`}}
 	})
-	t.Cleanup(func() { _ = k8s.Delete(context.Background(), api) })
-	lf.waitForAddresses("api", lf.ips...)
-	lf.waitForCondition("api", adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
 
 	// For web, pods 5 and 6 are the costly ones; api's query says pods 1 and 2 are.
 	lf.appCores = []float64{0.6, 0.6, 0.2, 0.2, 0.2, 0.2}

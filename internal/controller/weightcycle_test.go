@@ -200,6 +200,21 @@ func (lf *loopFixture) wrote(rep CycleReport) int {
 	return n
 }
 
+// addService opts in a second Service, name, on the fixture's pods, with the fixture's interval
+// and opts' edits, removes it at the end of the test, and waits until it is mirrored.
+func (lf *loopFixture) addService(name string, opts ...func(*adlbv1.AdaptiveLoadBalancer)) types.NamespacedName {
+	lf.t.Helper()
+	lf.service(name, func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "web"} })
+	lf.slice(name, name+"-x", lf.allReady()...)
+	a := lf.fixture.alb(name, name, append([]func(*adlbv1.AdaptiveLoadBalancer){func(a *adlbv1.AdaptiveLoadBalancer) {
+		a.Spec.Interval = &metav1.Duration{Duration: loopInterval}
+	}}, opts...)...)
+	lf.t.Cleanup(func() { _ = k8s.Delete(context.Background(), a) })
+	lf.waitForAddresses(name, lf.ips...)
+	lf.waitForCondition(name, adlbv1.ConditionEndpointsMirrored, metav1.ConditionTrue, adlbv1.ReasonMirrored)
+	return types.NamespacedName{Namespace: lf.ns, Name: name}
+}
+
 func (lf *loopFixture) run() CycleReport {
 	lf.t.Helper()
 	rep, err := lf.loop.RunOnce(context.Background())
