@@ -70,9 +70,9 @@ const (
 	reliefFactorMin = 1.0 / 16
 	// reliefRestoreStep is the most a cycle raises a relieved endpoint's weight by.
 	reliefRestoreStep = 1.5
-	// reliefShareMoved is how far a pod's share of the weights must move to count as raised or
-	// cut: beyond the rounding of integer weights.
-	reliefShareMoved = 0.05
+	// reliefWeightMoved is how far a pod's weight (against the median pod's move), or its share
+	// in a relief, must move to count as raised or cut: beyond the rounding of integer weights.
+	reliefWeightMoved = 0.05
 )
 
 // ReliefInput is one Service between two cycles.
@@ -195,8 +195,8 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	// share: a share moves when any other pod's weight does, and halving one pod of eight would
 	// read as a raise of all the others. A pod raised from 0 rose.
 	moved := weightMoves(eps, ok, in.Baseline)
-	shareRose := func(i int) bool { return moved[i] > 1+reliefShareMoved }
-	shareFell := func(i int) bool { return moved[i] < 1-reliefShareMoved }
+	weightRose := func(i int) bool { return moved[i] > 1+reliefWeightMoved }
+	weightFell := func(i int) bool { return moved[i] < 1-reliefWeightMoved }
 	shareNow := shares(eps, ok, func(ep Endpoint) int { return ep.CurrentWeight })
 	jumped := make([]string, len(eps))
 	// costRatio is set for a pod relieved for its cost alone: how much more CPU a request takes.
@@ -224,17 +224,17 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 			// Or its queue outlived a cycle that left its share alone and did not shrink: the
 			// last cycle already saw it queue beyond its peers.
 			busy && queues && baseMedianStretch > 0 && stretchOf(base) > ratio*baseMedianStretch &&
-				!shareFell(i) && ep.LatencyP99Seconds >= base.LatencyP99Seconds:
+				!weightFell(i) && ep.LatencyP99Seconds >= base.LatencyP99Seconds:
 			jumped[i] = fmt.Sprintf("%s: p99 %s, was %s", ep.ID, formatSeconds(ep.LatencyP99Seconds), formatSeconds(base.LatencyP99Seconds))
 			d.Endpoints[i].Reason = ReasonRelievedLatency
 		// Its CPU jumped to its limit while its share held: a pod the cycle gave more runs
 		// hotter by design.
-		case busy && !shareRose(i) && u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
+		case busy && !weightRose(i) && u >= hotUtilization && u-uBase >= reliefCPUJump+math.Max(0, fleet-fleetBase):
 			jumped[i] = fmt.Sprintf("%s: CPU %.0f%% of its limit, was %.0f%%, the fleet at %.0f%%", ep.ID, 100*u, 100*uBase, 100*fleet)
 			d.Endpoints[i].Reason = ReasonRelievedCPU
 		// Its CPU per request jumped, on weights that held over the window: every weight
 		// (WeightsSettled), or this pod's share through the last cycle's write.
-		case steady && (in.WeightsSettled || !(shareRose(i) || shareFell(i))) && costJumped(ep, base, in.WindowSeconds):
+		case steady && (in.WeightsSettled || !(weightRose(i) || weightFell(i))) && costJumped(ep, base, in.WindowSeconds):
 			costRatio[i] = (ep.CPUCores / ep.RequestRate) / (base.CPUCores / base.RequestRate)
 			jumped[i] = fmt.Sprintf("%s: CPU per request %s, was %s", ep.ID, formatSeconds(ep.CPUCores/ep.RequestRate), formatSeconds(base.CPUCores/base.RequestRate))
 			d.Endpoints[i].Reason = ReasonRelievedCost
@@ -336,7 +336,7 @@ func Relieve(in ReliefInput, s Settings) (Decision, error) {
 	after := shares(d.Endpoints, ok, func(r Result) int { return r.Weight })
 	relieves := false
 	for i := range eps {
-		relieves = relieves || (jumped[i] != "" && after[i] < shareNow[i]*(1-reliefShareMoved))
+		relieves = relieves || (jumped[i] != "" && after[i] < shareNow[i]*(1-reliefWeightMoved))
 	}
 	if !relieves {
 		for i, ep := range eps {
