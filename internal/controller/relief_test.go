@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -355,4 +358,57 @@ func (c *countingSource) Fetch(ctx context.Context, req metrics.Request) (metric
 	c.fetches++
 	c.lastWindow = req.Window
 	return c.Source.Fetch(ctx, req)
+}
+
+// A relief whose write the API server refuses claims nothing: the ServiceEntry keeps its
+// weights, status.lastRelief, WeightsApplied and adaptivelb_reliefs_total stay as they were, and
+// the check reports the failure; the next check, once the API server accepts writes, relieves.
+func TestRelief_ARefusedReliefWriteClaimsNothingAndTheNextCheckRetries(t *testing.T) {
+	lf := newCheckFixture(t)
+	lf.load(evenCores, equalRPS)
+	lf.run()
+	before := lf.weights()
+	applied := meta.FindStatusCondition(lf.alb().Status.Conditions, adlbv1.ConditionWeightsApplied)
+	if applied == nil {
+		t.Fatal("no WeightsApplied condition after the first cycle")
+	}
+	conditionBefore := applied.Reason
+
+	fault := &apiFault{status: metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+		Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: "injected: etcdserver: leader changed"}}
+	apiFaults.Store(lf.ns, fault)
+	defer apiFaults.Delete(lf.ns)
+	lf.latency[0] = jumpedLatency
+	lf.clock.Step(checkInterval)
+	lf.load([]float64{1.5, 0.5, 0.5, 0.5, 0.5, 0.5}, equalRPS)
+	rep := lf.check()
+	if fault.attempts.Load() == 0 {
+		t.Fatal("the check never tried to write: the scenario does not test a refused relief")
+	}
+	if _, relieved := rep.Relieved[lf.key()]; relieved || rep.Failed[lf.key()] == nil {
+		t.Fatalf("a refused relief reported as %+v, want a failure and no relief", rep)
+	}
+	if w := lf.weights(); !maps.Equal(w, before) {
+		t.Fatalf("the ServiceEntry's weights went %v -> %v although the write was refused", before, w)
+	}
+	alb := lf.alb()
+	if alb.Status.LastRelief != nil {
+		t.Fatalf("status.lastRelief %+v after a refused write", alb.Status.LastRelief)
+	}
+	if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionWeightsApplied); c == nil || c.Reason != conditionBefore {
+		t.Fatalf("WeightsApplied %+v after a refused relief, want its reason %q unchanged", c, conditionBefore)
+	}
+	if n := testutil.ToFloat64(lf.loop.Cycle.Reliefs); n != 0 {
+		t.Fatalf("adaptivelb_reliefs_total = %v after a refused write, want 0", n)
+	}
+
+	apiFaults.Delete(lf.ns)
+	lf.clock.Step(checkInterval)
+	lf.load([]float64{1.5, 0.5, 0.5, 0.5, 0.5, 0.5}, equalRPS)
+	if again := lf.check(); !again.Relieved[lf.key()].Changed {
+		t.Fatalf("the check after the API server recovered did not relieve: %+v", again)
+	}
+	if w := lf.weights(); w[lf.ips[0]]*2 > before[lf.ips[0]] {
+		t.Fatalf("web-1's weight went %d -> %d once the write landed; a relief at least halves it", before[lf.ips[0]], w[lf.ips[0]])
+	}
 }
