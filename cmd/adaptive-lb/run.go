@@ -27,6 +27,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -67,6 +68,10 @@ type runOptions struct {
 	workers                  int
 	qps                      float32
 	burst                    int
+	weightQPS                float32
+	weightBurst              int
+	statusQPS                float32
+	statusBurst              int
 	logLevel                 string
 	cycleTick                time.Duration
 	writeBudget              int
@@ -128,12 +133,19 @@ func newRunCmd() *cobra.Command {
 	f.BoolVar(&o.releaseOnCancel, "leader-elect-release-on-cancel", true, "release the lease on a graceful stop so the standby takes over at once")
 	f.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "the cluster's DNS domain, used in ServiceEntry hosts")
 	f.IntVar(&o.workers, "workers", 8, "concurrent reconciles")
-	// Sized for 200 endpoint changes per second: each costs a ServiceEntry update and a status patch.
-	f.Float32Var(&o.qps, "kube-api-qps", 200, "client-side rate limit toward the API server (requests per second)")
-	f.IntVar(&o.burst, "kube-api-burst", 400, "client-side burst toward the API server")
+	// Three client-side budgets, so that the endpoint mirror's ServiceEntry writes never queue
+	// behind the weight cycle's or behind status writes: sized for 200 endpoint changes per
+	// second; a cycle's burst of weight writes (the write budget, 50 objects); and the statuses
+	// of 200 AdaptiveLoadBalancers due in one tick, written within seconds.
+	f.Float32Var(&o.qps, "kube-api-qps", 200, "client-side rate limit toward the API server of the endpoint mirror and everything else not below (requests per second)")
+	f.IntVar(&o.burst, "kube-api-burst", 400, "client-side burst of the endpoint mirror and everything else not below")
+	f.Float32Var(&o.weightQPS, "weight-api-qps", 100, "client-side rate limit of the weight cycle's and the checks' ServiceEntry weight writes (requests per second), apart from the mirror's")
+	f.IntVar(&o.weightBurst, "weight-api-burst", 100, "client-side burst of the weight writes; at least --write-budget, so that a cycle's writes go out in one burst istiod merges into one push")
+	f.Float32Var(&o.statusQPS, "status-api-qps", 50, "client-side rate limit of the AdaptiveLoadBalancer status writes (requests per second), apart from the ServiceEntry writes")
+	f.IntVar(&o.statusBurst, "status-api-burst", 100, "client-side burst of the status writes")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info or error")
 	f.DurationVar(&o.cycleTick, "cycle-tick", 5*time.Second, "the weight cycle's tick; each AdaptiveLoadBalancer's interval is rounded up to a multiple of it")
-	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry weight writes per cycle across the cluster (0: unlimited); the rest carry over")
+	f.IntVar(&o.writeBudget, "write-budget", 50, "most ServiceEntry objects the weight writes of one cycle patch across the cluster (0: unlimited): a Service in one ServiceEntry spends 1, one split into 100 slices up to 100 (written alone when it is first in line); the rest carry over")
 	f.DurationVar(&o.staleServiceEntryTimeout, "stale-serviceentry-timeout", controller.DefaultStaleServiceEntryTimeout, "how long mirroring a Service may keep failing (its ServiceEntry write refused, or an informer it reads no longer following the cluster: a list or watch refused or failing, or silent for 3m) before its ServiceEntry, which no longer follows the endpoints, is deleted so that clients use the Kubernetes endpoints; re-created once a mirror succeeds")
 	f.IntVar(&o.holdIntervals, "hold-intervals", 5, "intervals the last weights survive a metrics outage before they return to equal")
 	f.DurationVar(&o.cycleTimeout, "cycle-timeout", controller.DefaultCycleTimeout, "how long one weight cycle may take (reading the cluster, the metrics fetch and the burst of writes); writes it leaves out go to the next cycle, and every Service's status is still written")
@@ -163,8 +175,8 @@ func (o *runOptions) validate() error {
 	if o.clusterDomain == "" || strings.HasPrefix(o.clusterDomain, ".") || strings.HasSuffix(o.clusterDomain, ".") {
 		return newUsageError("--cluster-domain %q must be a domain such as cluster.local", o.clusterDomain)
 	}
-	if o.qps <= 0 || o.burst < 1 {
-		return newUsageError("--kube-api-qps and --kube-api-burst must be positive")
+	if o.qps <= 0 || o.burst < 1 || o.weightQPS <= 0 || o.weightBurst < 1 || o.statusQPS <= 0 || o.statusBurst < 1 {
+		return newUsageError("--kube-api-qps, --weight-api-qps, --status-api-qps and their bursts must be positive")
 	}
 	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
 		return newUsageError("leader election needs lease duration > renew deadline > retry period > 0 (got %v, %v, %v)", o.leaseDuration, o.renewDeadline, o.retryPeriod)
@@ -507,6 +519,18 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	if err != nil {
 		return fmt.Errorf("create the controller manager: %w", err)
 	}
+	// Membership first: the mirror writes through the manager's client; the weight writes and
+	// the status writes each through a client of its own, with its own client-side budget, so
+	// that neither ever queues the mirror's ServiceEntry writes behind it. The chart's
+	// FlowSchemas do the same on the API server (API Priority and Fairness).
+	weightClient, err := budgetedClient(cfg, mgr, "weights", o.weightQPS, o.weightBurst)
+	if err != nil {
+		return err
+	}
+	statusClient, err := budgetedClient(cfg, mgr, "status", o.statusQPS, o.statusBurst)
+	if err != nil {
+		return err
+	}
 	versions := &controller.ServiceEntryVersions{}
 	activity := &controller.Activity{}
 	membership := controller.NewMembership(clock.RealClock{})
@@ -515,6 +539,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		Versions:      versions,
 		Membership:    membership,
 		Client:        mgr.GetClient(),
+		StatusClient:  statusClient,
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
 		Metrics:       shared.metrics,
@@ -559,8 +584,12 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		if why != "" {
 			logger.Info("the check between cycles is off: "+why+"; set --fast-check-interval to run it anyway", "tsdbScrapeInterval", o.scrapeInterval.String())
 		}
+		statuses := &controller.StatusQueue{Client: statusClient, Reader: mgr.GetAPIReader(), Metrics: shared.cycle, Activity: activity}
+		if err := mgr.Add(statuses); err != nil {
+			return fmt.Errorf("add the status queue: %w", err)
+		}
 		loop := &controller.WeightCycle{
-			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"),
+			Client: weightClient, APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"), Status: statuses,
 			Clock: clock.RealClock{}, Metrics: shared.metrics, Cycle: shared.cycle,
 			Tick: o.cycleTick, Budget: o.writeBudget, HoldIntervals: o.holdIntervals, Debounce: pushmodel.DefaultConfig(),
 			Versions: versions, Membership: membership, Activity: activity, AllowQueryOverrides: o.allowQueryOverrides,
@@ -598,6 +627,23 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		return fmt.Errorf("operator stopped: %w", startErr)
 	}
 	return nil
+}
+
+// budgetedClient is a client that reads from mgr's cache and writes to the API server under a
+// client-side rate limit of its own (one token bucket for every resource it writes, where a
+// client built from cfg alone would have one per resource), identified as purpose in its user
+// agent, which the API server's audit log records.
+func budgetedClient(cfg *rest.Config, mgr ctrl.Manager, purpose string, qps float32, burst int) (client.Client, error) {
+	c := rest.CopyConfig(cfg)
+	c.UserAgent = strings.TrimSpace(cfg.UserAgent + " (" + purpose + ")")
+	c.QPS, c.Burst = qps, burst
+	c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
+	cl, err := client.New(c, client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), HTTPClient: mgr.GetHTTPClient(),
+		Cache: &client.CacheOptions{Reader: mgr.GetCache()}})
+	if err != nil {
+		return nil, fmt.Errorf("build the %s client: %w", purpose, err)
+	}
+	return cl, nil
 }
 
 // errWorkersStuck: a stopped manager's reconciles or weight cycle did not return.

@@ -83,10 +83,14 @@ const (
 // weights through the same ServiceEntry.
 type AdaptiveLoadBalancerReconciler struct {
 	client.Client
-	Scheme   *runtime.Scheme
-	Recorder record.EventRecorder
-	Clock    clock.PassiveClock
-	Metrics  *Metrics
+	// StatusClient writes the AdaptiveLoadBalancers' statuses: a client with its own rate limit,
+	// so that status writes never spend the budget of the ServiceEntry writes (membership
+	// first). Nil: Client.
+	StatusClient client.Client
+	Scheme       *runtime.Scheme
+	Recorder     record.EventRecorder
+	Clock        clock.PassiveClock
+	Metrics      *Metrics
 	// ClusterDomain is the cluster's DNS domain (cluster.local by default).
 	ClusterDomain string
 	// MaxEndpoints is the most endpoints a Service may have mirrored (0: istio.MaxEndpoints).
@@ -903,7 +907,11 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		alb.Status = *status
 		return true
 	}
-	wrote, err := updateStatus(ctx, r.Client, r.apiReader, alb, mutate)
+	writer := r.StatusClient
+	if writer == nil {
+		writer = r.Client
+	}
+	wrote, err := updateStatus(ctx, writer, r.apiReader, alb, mutate)
 	if err != nil {
 		return 0, err
 	}

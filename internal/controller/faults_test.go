@@ -23,9 +23,11 @@ import (
 // namespace (or, with object set, every write of that one ServiceEntry) with an error until it
 // is cleared, and counts the attempts.
 type apiFault struct {
-	status   metav1.Status
-	object   string
-	attempts atomic.Int64
+	status metav1.Status
+	object string
+	// passFirst lets that many matching requests through before the fault answers.
+	passFirst int64
+	attempts  atomic.Int64
 }
 
 var apiFaults sync.Map // namespace → *apiFault
@@ -43,7 +45,9 @@ func injectedFault(req *http.Request) *http.Response {
 	if fault == nil || (fault.object != "" && !strings.HasSuffix(req.URL.Path, "/serviceentries/"+fault.object)) {
 		return nil
 	}
-	fault.attempts.Add(1)
+	if fault.attempts.Add(1) <= fault.passFirst {
+		return nil
+	}
 	body, _ := json.Marshal(fault.status)
 	return &http.Response{
 		StatusCode: int(fault.status.Code),

@@ -16,6 +16,8 @@ type CycleMetrics struct {
 	ModelOverrules   prometheus.Counter
 	Reliefs          prometheus.Counter
 	CheckDuration    prometheus.Histogram
+	StatusQueueDepth prometheus.Gauge
+	StatusWriteLag   prometheus.Histogram
 }
 
 // NewCycleMetrics registers the weight cycle's metrics with reg.
@@ -33,7 +35,7 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 				PhaseFetch + " (the TSDB queries), " +
 				PhaseEvaluate + " (the weight engine and the cycle's plan), " +
 				PhaseWrite + " (the burst of ServiceEntry weight writes), " +
-				PhaseStatus + " (the AdaptiveLoadBalancer status writes). " +
+				PhaseStatus + " (the AdaptiveLoadBalancer status changes: handed to the status queue, or written when no queue runs). " +
 				"Each phase a cycle goes through is observed once per cycle; fetch, evaluate and write only in a cycle with a Service due.",
 			Buckets: cycleBuckets,
 		}, []string{"phase"}),
@@ -63,7 +65,18 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 			Buckets: cycleBuckets,
 		}),
 	}
+	m.StatusQueueDepth = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "adaptivelb_status_queue_depth",
+		Help: "AdaptiveLoadBalancers whose status change the weight path has handed over and the status queue has not written yet.",
+	})
+	m.StatusWriteLag = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "adaptivelb_status_write_lag_seconds",
+		Help:    "Time from the weight path's hand-over of an AdaptiveLoadBalancer's status change (the first, when several were written as one) to its write.",
+		Buckets: cycleBuckets,
+	})
 	m.CycleDuration = register(reg, m.CycleDuration)
+	m.StatusQueueDepth = register(reg, m.StatusQueueDepth)
+	m.StatusWriteLag = register(reg, m.StatusWriteLag)
 	m.PhaseDuration = register(reg, m.PhaseDuration)
 	m.EstimatedPushes = register(reg, m.EstimatedPushes)
 	m.LastSuccess = register(reg, m.LastSuccess)

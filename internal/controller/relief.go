@@ -129,7 +129,8 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 		// fails leaves the mirror without a re-plan until the next cycle, which is safe (the
 		// survivors keep their weights).
 		w.Membership.ForgetPlan(d.key)
-		if reached, err := w.writeWeights(ctx, d, decision, true); err != nil {
+		reached, err := w.writeWeights(ctx, d, decision, true)
+		if err != nil {
 			if reached.patched > 0 {
 				// Some slices carry the relief: the next checks and cycles must know their pods
 				// were cut, or they would judge them again on windows that predate the cut.
@@ -147,12 +148,10 @@ func (w *WeightCycle) RunCheck(ctx context.Context) (CheckReport, error) {
 		wroteAt := w.Clock.Now()
 		report.Relieved[d.key] = decision
 		w.rememberRelief(d, decision, d.current, wroteAt)
-		w.reliefWrites++
+		w.reliefWrites += reached.patched
 		w.Cycle.Reliefs.Inc()
 		w.Cycle.EstimatedPushes.Add(float64(len(w.debouncer.Observe(time.Now()))))
-		if err := w.writeReliefStatus(statusCtx, d, decision, wroteAt); err != nil {
-			logger.Error(err, "status write after a relief failed", "adaptiveLoadBalancer", d.key)
-		}
+		w.writeReliefStatus(statusCtx, d, decision, wroteAt)
 	}
 	return report, nil
 }

@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
@@ -23,8 +22,9 @@ const EventRelieved = adlbv1.ReasonRelieved
 // with the evidence. WeightsApplied is the weight path's condition, the cycle's and its checks':
 // the next cycle reports its own decision. It also records the Event, the log line and the
 // endpoints' weight gauges. It writes only while the mirror reports the ServiceEntry, and only
-// the weight path's part of the status, under an optimistic lock.
-func (w *WeightCycle) writeReliefStatus(ctx context.Context, d *dueTarget, decision weights.Decision, wroteAt time.Time) error {
+// the weight path's part of the status, under an optimistic lock, through the status queue when
+// one runs.
+func (w *WeightCycle) writeReliefStatus(ctx context.Context, d *dueTarget, decision weights.Decision, wroteAt time.Time) {
 	ws, pods := map[string]int{}, map[string]string{}
 	for _, r := range decision.Endpoints {
 		ws[r.ID] = r.Weight
@@ -37,7 +37,6 @@ func (w *WeightCycle) writeReliefStatus(ctx context.Context, d *dueTarget, decis
 	log.FromContext(ctx).Info("relieved between cycles", "adaptiveLoadBalancer", d.key, "reason", decision.Reason)
 	w.Recorder.Event(d.alb, corev1.EventTypeWarning, EventRelieved, shorten(decision.Reason, 1000))
 
-	alb := d.alb.DeepCopy()
 	at := metav1.NewTime(wroteAt)
 	results := map[string]weights.Result{}
 	for _, r := range decision.Endpoints {
@@ -64,9 +63,9 @@ func (w *WeightCycle) writeReliefStatus(ctx context.Context, d *dueTarget, decis
 			Reason: adlbv1.ReasonRelieved, Message: shorten(decision.Reason, 600), ObservedGeneration: alb.Generation})
 		return true
 	}
-	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
-		return err
-	}
-	w.statusThrottle.wrote(client.ObjectKeyFromObject(alb), wroteAt)
-	return nil
+	w.submitStatus(ctx, d.key, statusChange{mutate: mutate, done: func(_ *adlbv1.AdaptiveLoadBalancer, wrote bool, _ error) {
+		if wrote {
+			w.statusThrottle.wrote(d.key, wroteAt)
+		}
+	}})
 }

@@ -522,3 +522,45 @@ func (f *fixture) wideColumn(resource, name, column string) (any, int32) {
 	f.t.Fatalf("the table of %s %s has no column %s (columns %v)", resource, name, column, table.ColumnDefinitions)
 	return nil, 0
 }
+
+// Issue 31: a Service's first mirror creates its slices side by side (a 10,000-pod Service's
+// 100 slices one after another were most of its start-up). When one create fails part-way, the
+// mirror says so and its retry completes the slices on those created: every address in exactly
+// one slice, none created twice.
+func TestMirror_SlicesCreatedSideBySideSurviveACreateFailingPartWay(t *testing.T) {
+	f := newFixture(t)
+	f.node("node-a", "eu-west", "eu-west-1a")
+	f.service("wide")
+	var eps []sliceEndpoint
+	var ips []string
+	for i := range 200 {
+		pod, ip := fmt.Sprintf("wide-%d", i), fmt.Sprintf("10.47.%d.%d", i/200, i%200+1)
+		f.pod("wide", pod, ip)
+		eps = append(eps, ready(pod, ip))
+		ips = append(ips, ip)
+	}
+	f.slice("wide", "wide-x", eps...)
+	// The third ServiceEntry write of the namespace, and every one after, fails until lifted.
+	fault := &apiFault{status: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: "injected: etcdserver: leader changed"}, passFirst: 2}
+	apiFaults.Store(f.ns, fault)
+	f.alb("wide", "wide")
+	f.waitForCondition("wide", adlbv1.ConditionEndpointsMirrored, metav1.ConditionFalse, adlbv1.ReasonWriteFailed)
+	if created := len(f.serviceEntrySlices("wide")); created > 2 {
+		t.Fatalf("%d slices exist after the third create failed; at most the two let through", created)
+	}
+	apiFaults.Delete(f.ns)
+	f.waitForAddresses("wide", ips...)
+	list := f.serviceEntrySlices("wide")
+	seen := map[string]string{}
+	for _, se := range list {
+		for _, e := range se.Spec.Endpoints {
+			if other, dup := seen[e.Address]; dup {
+				t.Fatalf("address %s in slices %s and %s", e.Address, other, se.Name)
+			}
+			seen[e.Address] = se.Name
+		}
+	}
+	if want := (200 + suiteSlices() - 1) / suiteSlices(); len(list) < want {
+		t.Fatalf("%d slices for 200 endpoints, want at least %d", len(list), want)
+	}
+}

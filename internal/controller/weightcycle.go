@@ -66,6 +66,9 @@ type WeightCycle struct {
 	// History learns each tail Service's surge bound from its own load history; nil: every
 	// Service plans with the default bound (or its spec's).
 	History *LoadHistories
+	// Status writes the statuses off the cycle's path (status_queue.go); nil: the cycle writes
+	// them itself, after its weights, under a timeout of their own.
+	Status *StatusQueue
 
 	mu        sync.Mutex
 	states    map[types.NamespacedName]cycle.State
@@ -82,14 +85,20 @@ type WeightCycle struct {
 	writtenPeak map[types.NamespacedName]*adlbv1.RecentPeak
 	// writtenSurge is the status.surgeBound the cycle last wrote, for the same reason.
 	writtenSurge map[types.NamespacedName]*adlbv1.SurgeBound
+	// writtenMu guards writtenPeak and writtenSurge, which the status queue's writes update
+	// while a cycle runs.
+	writtenMu sync.Mutex
+	// weightsWrittenAt is when the cycle last wrote each Service's weights: the next cycle's
+	// window counts from it, also while status.lastWeightWrite waits in the status queue.
+	weightsWrittenAt map[types.NamespacedName]time.Time
 	// rateHistory holds, per AdaptiveLoadBalancer, the Service's request rate of each cycle
 	// within the last peakRateWindow, oldest first: the engine plans for their maximum.
 	rateHistory map[types.NamespacedName][]rateObservation
 	// reliefs is what the checks between cycles and the cycles remember of each Service
 	// (relief_memory.go).
 	reliefs map[types.NamespacedName]*reliefMemory
-	// reliefWrites counts the reliefs written since the last cycle: urgent writes, they count
-	// against its budget.
+	// reliefWrites counts the ServiceEntry slices the reliefs wrote since the last cycle: urgent
+	// writes, they count against its budget.
 	reliefWrites int
 }
 
@@ -163,9 +172,11 @@ func (w *WeightCycle) timeout() time.Duration {
 	return DefaultCycleTimeout
 }
 
-// RunOnce runs one cycle now: gather, fetch, evaluate and plan, write, then the status of every
-// target, each phase timed in adaptivelb_weight_cycle_phase_seconds. It returns an error only when the AdaptiveLoadBalancers cannot be listed; one
-// target's failure is that target's status.
+// RunOnce runs one cycle now: gather, fetch, evaluate and plan, write, then hand every target's
+// status to the status queue (or write it, without one), each phase timed in
+// adaptivelb_weight_cycle_phase_seconds. It returns an error only when the AdaptiveLoadBalancers
+// cannot be listed; one target's failure is that target's status. With a status queue, the
+// statuses may still be on their way when it returns.
 func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	if !w.Activity.enter() {
 		return CycleReport{}, nil // this manager is being replaced
@@ -181,8 +192,8 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 	}
 	logger := log.FromContext(ctx)
 	report := CycleReport{Outcomes: map[types.NamespacedName]cycle.Outcome{}, Inputs: map[types.NamespacedName]cycle.Target{}, Failed: map[types.NamespacedName]error{}}
-	// The status says what the cycle did, also when its deadline cut it short: it is written
-	// under a timeout of its own.
+	// The status says what the cycle did, also when its deadline cut it short: handed to the
+	// status queue, or written under a timeout of its own.
 	statusCtx, cancelStatus := context.WithTimeout(context.WithoutCancel(ctx), w.timeout())
 	defer cancelStatus()
 	ctx, cancel := context.WithTimeout(ctx, w.timeout())
@@ -218,9 +229,7 @@ func (w *WeightCycle) RunOnce(ctx context.Context) (CycleReport, error) {
 		deferred = w.writeBurst(ctx, start, due, outcomes, prev, next, &report)
 		phases.done(PhaseWrite)
 		for i, d := range due {
-			if err := w.writeStatus(statusCtx, d, outcomes[i], start); err != nil {
-				logger.Error(err, "status write failed", "adaptiveLoadBalancer", d.key)
-			}
+			w.writeStatus(statusCtx, d, outcomes[i], start)
 		}
 		phases.done(PhaseStatus)
 		// Close the debounce period the burst opened: its push is due once the quiet time passes.

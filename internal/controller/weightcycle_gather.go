@@ -187,6 +187,9 @@ func (w *WeightCycle) gather(ctx context.Context, alb *adlbv1.AdaptiveLoadBalanc
 	if alb.Status.LastWeightWrite != nil {
 		d.lastWrite = alb.Status.LastWeightWrite.Time
 	}
+	if at := w.weightsWrittenAt[d.key]; at.After(d.lastWrite) {
+		d.lastWrite = at // the status that says so may still be in the status queue
+	}
 	d.replannedAt = replannedAt(se)
 	listed, err := w.slicePods(ctx, alb)
 	if err != nil {
@@ -345,8 +348,11 @@ func (w *WeightCycle) forgetGone(present []adlbv1.AdaptiveLoadBalancer) {
 	dropGone(w.states, live)
 	dropGone(w.lastRun, live)
 	w.statusThrottle.retain(func(key types.NamespacedName) bool { return live[key] })
+	w.writtenMu.Lock()
 	dropGone(w.writtenPeak, live)
 	dropGone(w.writtenSurge, live)
+	w.writtenMu.Unlock()
+	dropGone(w.weightsWrittenAt, live)
 	dropGone(w.known, live)
 	dropGone(w.rateHistory, live)
 	dropGone(w.reliefs, live)

@@ -116,6 +116,7 @@ func (d *dueTarget) target(now time.Time, res fetchResult, window time.Duration,
 		DryRun:     d.alb.Spec.Mode == adlbv1.ModeDryRun,
 		PeerGroups: d.peerGroup,
 		Known:      known,
+		Slices:     d.sliceOf(),
 	}
 	t.WindowSeconds = window.Seconds()
 	h := metricsHealth{threshold: 2 * d.interval, dataEnd: d.dataEnd(now, res)}
@@ -256,4 +257,19 @@ func signalList(sigs []metrics.Signal) string {
 		names[i] = string(s)
 	}
 	return strings.Join(names, ", ")
+}
+
+// sliceOf says which of the ServiceEntry slices holds each address, for the write budget, which
+// counts the objects a write patches; nil for a Service in one object.
+func (d *dueTarget) sliceOf() map[string]int {
+	if len(d.slices) < 2 {
+		return nil
+	}
+	out := map[string]int{}
+	for i, se := range d.slices {
+		for _, e := range se.Spec.Endpoints {
+			out[e.Address] = i
+		}
+	}
+	return out
 }

@@ -535,6 +535,7 @@ func TestWeightCycle_LogsEachDecisionOnceAtInfo(t *testing.T) {
 		if _, err := lf.loop.RunOnce(ctx); err != nil {
 			t.Fatal(err)
 		}
+		lf.settle()
 	}
 	lf.load(skewedCores, equalRPS)
 	runLogged()

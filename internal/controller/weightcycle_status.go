@@ -18,13 +18,10 @@ import (
 )
 
 // writeStatus publishes the cycle's outcome: conditions, per-endpoint weights and reasons,
-// events and log lines. It writes only the weight cycle's part of the status, under an
-// optimistic lock (status.go).
-func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Outcome, now time.Time) error {
-	alb := &adlbv1.AdaptiveLoadBalancer{}
-	if err := w.Client.Get(ctx, d.key, alb); err != nil {
-		return client.IgnoreNotFound(err)
-	}
+// events and log lines. It changes only the weight cycle's part of the status, under an
+// optimistic lock (status.go), through the status queue when one runs; the events and log lines
+// follow the status write, as before the queue.
+func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Outcome, now time.Time) {
 	applied := d.writeErr == nil && o.Action == cycle.ActionWrite
 	// A write that failed part-way changed the slices it reached (d.reached): what it wrote is
 	// reported, the rest keeps what it had.
@@ -43,7 +40,7 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 				pods[r.ID] = p.Name
 			}
 		}
-		w.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+		w.Metrics.SetEndpointWeights(d.key.Namespace, d.key.Name, ws, pods)
 	}
 	var oldMetrics, metricsCond, weightsCond metav1.Condition
 	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
@@ -79,9 +76,27 @@ func (w *WeightCycle) writeStatus(ctx context.Context, d *dueTarget, o cycle.Out
 		meta.SetStatusCondition(&alb.Status.Conditions, readyCondition(alb.Status.Conditions, alb.Generation))
 		return !w.skipStatusWrite(d.key, before, &alb.Status, now)
 	}
-	_, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate)
-	w.tell(ctx, alb, d, o, oldMetrics, metricsCond)
-	return err
+	w.submitStatus(ctx, d.key, statusChange{mutate: mutate, done: func(alb *adlbv1.AdaptiveLoadBalancer, _ bool, _ error) {
+		if alb != nil {
+			w.tell(ctx, alb, d, o, oldMetrics, metricsCond)
+		}
+	}})
+}
+
+// submitStatus hands a status change of key to the status queue or, when none runs, writes it
+// now (read from the cache, written under an optimistic lock) and reports it to c.done.
+func (w *WeightCycle) submitStatus(ctx context.Context, key types.NamespacedName, c statusChange) {
+	if w.Status != nil {
+		w.Status.enqueue(key, c)
+		return
+	}
+	alb, wrote, err := writeStatusChanges(ctx, w.Client, w.APIReader, key, []statusChange{c})
+	if err != nil {
+		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", key)
+	}
+	if c.done != nil {
+		c.done(alb, wrote, err)
+	}
 }
 
 // modelCheckStatus is status.modelCheck after the cycle's outcome o: the distrust the planner
@@ -155,7 +170,6 @@ func (d *dueTarget) setEndpoints(status *adlbv1.AdaptiveLoadBalancerStatus, o cy
 // last outage, which a Frozen object would otherwise report, Ready=False, long after it ended).
 // It writes only when a condition changes.
 func (w *WeightCycle) writeIdleStatus(ctx context.Context, t idleTarget) {
-	alb := t.alb.DeepCopy()
 	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
 		changed := false
 		for _, c := range t.conditions {
@@ -164,9 +178,7 @@ func (w *WeightCycle) writeIdleStatus(ctx context.Context, t idleTarget) {
 		}
 		return changed
 	}
-	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
-		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", client.ObjectKeyFromObject(alb))
-	}
+	w.submitStatus(ctx, client.ObjectKeyFromObject(t.alb), statusChange{mutate: mutate})
 }
 
 // statusSignalsInterval spaces status writes that would only refresh the per-endpoint CPU and
@@ -177,11 +189,14 @@ const statusSignalsInterval = 5 * time.Minute
 
 // skipStatusWrite reports whether a status write can be left out: nothing changed, or only the
 // per-endpoint signals did and they were written less than statusSignalsInterval ago. It records
-// the time of every write it lets through. The cycle calls it with w.mu held.
+// the time of every write it lets through. The status change calls it, on the status queue's
+// goroutine when one runs.
 func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *adlbv1.AdaptiveLoadBalancerStatus, now time.Time) bool {
 	if apiequality.Semantic.DeepEqual(before, after) {
 		return true
 	}
+	w.writtenMu.Lock()
+	defer w.writtenMu.Unlock()
 	if w.writtenPeak == nil {
 		w.writtenPeak = map[types.NamespacedName]*adlbv1.RecentPeak{}
 	}
@@ -203,7 +218,7 @@ func (w *WeightCycle) skipStatusWrite(key types.NamespacedName, before, after *a
 
 // withWritten is the status as the cycle last wrote it as far as recentPeak and surgeBound go:
 // when the API server returned none (it prunes a field under a CRD that lacks it), the one
-// written.
+// written. w.writtenMu is held.
 func (w *WeightCycle) withWritten(key types.NamespacedName, status *adlbv1.AdaptiveLoadBalancerStatus) *adlbv1.AdaptiveLoadBalancerStatus {
 	peak, hasPeak := w.writtenPeak[key]
 	surge, hasSurge := w.writtenSurge[key]
@@ -243,7 +258,6 @@ func signalsOnly(a, b *adlbv1.AdaptiveLoadBalancerStatus) bool {
 // False (InputsUnavailable) until a cycle reads them again. Only while the mirror reports the
 // ServiceEntry: otherwise WeightsApplied is its NoServiceEntry.
 func (w *WeightCycle) writeFailedStatus(ctx context.Context, f failedTarget) {
-	alb := f.alb.DeepCopy()
 	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
 		if c := meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored); c == nil || c.Status != metav1.ConditionTrue {
 			return false
@@ -252,7 +266,5 @@ func (w *WeightCycle) writeFailedStatus(ctx context.Context, f failedTarget) {
 			Reason: adlbv1.ReasonInputsUnavailable, ObservedGeneration: alb.Generation,
 			Message: "the weight cycle could not read this Service's inputs; its weights are left as they are and the next cycle retries: " + shorten(f.err.Error(), 300)})
 	}
-	if _, err := updateStatus(ctx, w.Client, w.APIReader, alb, mutate); err != nil {
-		log.FromContext(ctx).Error(err, "status write failed", "adaptiveLoadBalancer", client.ObjectKeyFromObject(alb))
-	}
+	w.submitStatus(ctx, client.ObjectKeyFromObject(f.alb), statusChange{mutate: mutate})
 }

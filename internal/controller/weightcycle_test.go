@@ -124,8 +124,27 @@ func newLoopFixtureOf(t *testing.T, mode adlbv1.Mode, pods int, podOpts ...func(
 		Metrics: testMetrics, Cycle: NewCycleMetrics(prometheus.NewRegistry()),
 		Tick: loopInterval, HoldIntervals: 5, Debounce: pushmodel.DefaultConfig(), Versions: sharedVersions, Membership: sharedMembership,
 		AllowQueryOverrides: true, // the tests of overrides act as an admin who allowed them
+		// Statuses go through the status queue, as in the operator; run and check wait for it.
+		Status: &StatusQueue{Client: operatorClient, Reader: k8s},
 	}
+	queueCtx, stopQueue := context.WithCancel(context.Background())
+	queueDone := make(chan struct{})
+	go func() { defer close(queueDone); _ = lf.loop.Status.Start(queueCtx) }()
+	t.Cleanup(func() { stopQueue(); <-queueDone })
 	return lf
+}
+
+// settle waits until the status queue has written what the loop handed it.
+func (lf *loopFixture) settle() {
+	lf.t.Helper()
+	if lf.loop.Status == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := lf.loop.Status.WaitIdle(ctx); err != nil {
+		lf.t.Fatalf("the status queue did not write what the cycle handed it within a minute: %v", err)
+	}
 }
 
 // load imports each pod's CPU (cores) and request rate from the previous load (or a minute ago)
@@ -221,6 +240,7 @@ func (lf *loopFixture) run() CycleReport {
 	if err != nil {
 		lf.t.Fatal(err)
 	}
+	lf.settle()
 	return rep
 }
 
@@ -795,11 +815,9 @@ func TestWeightCycle_StatusAfterTheMirrorDeletedTheServiceEntrySaysNoServiceEntr
 	lf.waitForCondition("web", adlbv1.ConditionWeightsApplied, metav1.ConditionFalse, adlbv1.ReasonNoServiceEntry)
 
 	lf.loop.mu.Lock()
-	err = lf.loop.writeStatus(context.Background(), d, cycle.Outcome{Action: cycle.ActionWrite, Reason: "weights from the engine"}, lf.clock.Now())
+	lf.loop.writeStatus(context.Background(), d, cycle.Outcome{Action: cycle.ActionWrite, Reason: "weights from the engine"}, lf.clock.Now())
 	lf.loop.mu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lf.settle()
 	alb := &adlbv1.AdaptiveLoadBalancer{}
 	if err := k8s.Get(lf.ctx, lf.key(), alb); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	apinetworkingv1 "istio.io/api/networking/v1"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/cycle"
@@ -183,6 +184,12 @@ func (w *WeightCycle) writeBurst(ctx context.Context, start time.Time, due []*du
 					w.notFallenBack(d, prev)
 				}
 				if reached.patched > 0 {
+					// The status says so (lastWeightWrite) through the status queue; until it
+					// lands, the next cycle's window counts from here.
+					if w.weightsWrittenAt == nil {
+						w.weightsWrittenAt = map[types.NamespacedName]time.Time{}
+					}
+					w.weightsWrittenAt[d.key] = start
 					// Push estimates need when the writes really reached the API server, not the cycle's clock.
 					at := time.Now()
 					report.Writes = append(report.Writes, at)

@@ -69,6 +69,10 @@ type Target struct {
 	// LoadHistory is what the Service's past load says about how fast it rises (zero: unknown);
 	// see weights.Input.LoadHistory.
 	LoadHistory weights.LoadHistory
+	// Slices says which ServiceEntry object (slice) holds each endpoint, by endpoint ID: a
+	// write patches each slice whose weights change, and the budget counts those objects. Nil:
+	// the Service is one object.
+	Slices map[string]int
 }
 
 // State is what the planner remembers about a target between cycles; the operator stores it.
@@ -92,6 +96,9 @@ type Outcome struct {
 	// Need is how far the decided weights are from the applied ones: the largest |log(new/old)|.
 	// The budget serves the largest needs first.
 	Need float64
+	// Objects is how many ServiceEntry objects a write patches: the slices with an endpoint
+	// whose weight changes (at least 1). The budget is counted in them.
+	Objects int
 	// Fallback is true when the decision resets weights to equal because metrics are gone.
 	Fallback bool
 	// FallbackStarted is true on the cycle the fallback begins (the operator records an Event).
@@ -103,13 +110,14 @@ type Outcome struct {
 	Err error
 }
 
-// Plan decides this cycle for every target. budget bounds the number of ActionWrite outcomes
-// (0 means unlimited). It returns one outcome per target, in input order, and the new states.
+// Plan decides this cycle for every target. budget bounds the ServiceEntry objects the
+// ActionWrite outcomes patch (0 means unlimited; see applyBudget). It returns one outcome per
+// target, in input order, and the new states.
 func Plan(now time.Time, targets []Target, states map[string]State, budget int) ([]Outcome, map[string]State) {
 	return PlanAfterUrgent(now, targets, states, budget, 0)
 }
 
-// PlanAfterUrgent is Plan when urgentSpent urgent writes went out since the last cycle, outside
+// PlanAfterUrgent is Plan when urgent writes of urgentSpent objects went out since the last cycle, outside
 // any plan (the reliefs of the checks between cycles): like the urgent writes of a plan, they
 // were never held for the budget, and they count against it, so the other writes of this cycle
 // get what they left.
@@ -203,6 +211,7 @@ func decide(now time.Time, t Target, st State) (Outcome, State) {
 		st.FallenBack = false
 	}
 	out.Need = need(t.Endpoints, out.Decision)
+	out.Objects = objectsWritten(t, out.Decision)
 	switch {
 	case !out.Decision.Changed:
 		out.Action = ActionNone
@@ -331,6 +340,21 @@ func keep(eps []weights.Endpoint) weights.Decision {
 	return d
 }
 
+// objectsWritten is how many ServiceEntry objects writing d patches: the slices holding an
+// endpoint whose weight changes, at least 1 (a write that changes nothing is not made).
+func objectsWritten(t Target, d weights.Decision) int {
+	if len(t.Slices) == 0 {
+		return 1
+	}
+	changed := map[int]bool{}
+	for i, r := range d.Endpoints {
+		if i < len(t.Endpoints) && r.Weight != t.Endpoints[i].CurrentWeight {
+			changed[t.Slices[r.ID]] = true
+		}
+	}
+	return max(len(changed), 1)
+}
+
 // need is the largest relative move, in log space so that halving and doubling weigh the same.
 // An endpoint without a weight yet counts as the largest possible need.
 func need(eps []weights.Endpoint, d weights.Decision) float64 {
@@ -350,7 +374,9 @@ func need(eps []weights.Endpoint, d weights.Decision) float64 {
 // measurements overruled the tail algorithm's model (a group the weights loaded to its limit).
 func (o Outcome) urgent() bool { return o.Fallback || o.Decision.ModelOverruled != "" }
 
-// applyBudget keeps the budget's worth of writes, chosen by priority, and defers the rest.
+// applyBudget keeps the budget's worth of writes, chosen by priority, and defers the rest. The
+// budget counts ServiceEntry objects written (Outcome.Objects), the unit the API server and
+// istiod pay for: a 10,000-endpoint Service in 100 slices spends 100, a 20-pod one 1.
 // Order: urgent writes first (they restore safe weights), then writes carried over from earlier
 // cycles, oldest first, so nothing starves behind Services that keep moving; then the largest
 // need; then the key, so the choice is deterministic. A fallback is never deferred: it fails
@@ -361,7 +387,10 @@ func (o Outcome) urgent() bool { return o.Fallback || o.Decision.ModelOverruled 
 // must not leave pods throttled that the weights loaded. Nor is a relief between cycles, which
 // moves a pod whose latency or CPU jumped toward the capacity split and is written outside any
 // plan. Urgent writes count against the budget, spent ones (the reliefs since the last cycle)
-// first; the other writes get what they leave.
+// first; the other writes get what they leave. A write that does not fit what is left waits,
+// and a later, smaller one that fits goes; a write larger than the whole budget goes when it is
+// the first of the cycle's non-urgent writes, alone, so that a Service larger than the budget
+// is written at all (it is first once it has waited longest).
 func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map[string]State, budget, spent int) {
 	var writes []int
 	for i, o := range outs {
@@ -388,17 +417,24 @@ func applyBudget(now time.Time, outs []Outcome, targets []Target, prev, next map
 		}
 		return oa.Key < ob.Key
 	})
-	for rank, i := range writes {
+	firstNonUrgent := true
+	for _, i := range writes {
 		key := targets[i].Key
 		st := next[key]
-		if budget > 0 && spent+rank >= budget && !outs[i].urgent() {
+		objects := max(outs[i].Objects, 1)
+		fits := budget <= 0 || outs[i].urgent() || spent+objects <= budget || (firstNonUrgent && objects > budget && spent < budget)
+		if !outs[i].urgent() {
+			firstNonUrgent = false
+		}
+		if fits {
+			spent += objects
+			st.DeferredSince = time.Time{}
+		} else {
 			outs[i].Action = ActionDeferred
-			outs[i].Reason = fmt.Sprintf("write budget of %d per cycle spent; carried over to the next cycle (%s)", budget, outs[i].Reason)
+			outs[i].Reason = fmt.Sprintf("write budget of %d ServiceEntry objects per cycle spent (this write patches %d); carried over to the next cycle (%s)", budget, objects, outs[i].Reason)
 			if st.DeferredSince.IsZero() {
 				st.DeferredSince = since(i)
 			}
-		} else {
-			st.DeferredSince = time.Time{}
 		}
 		next[key] = st
 	}

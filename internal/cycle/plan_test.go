@@ -225,7 +225,7 @@ func TestPlan_CarriedOverWritesGoBeforeNewOnes(t *testing.T) {
 	if !states["ns/small"].DeferredSince.IsZero() {
 		t.Fatal("a served target must clear its deferral")
 	}
-	if !strings.Contains(outs[1].Reason, "write budget of 1 per cycle spent") {
+	if !strings.Contains(outs[1].Reason, "write budget of 1 ServiceEntry objects per cycle spent") {
 		t.Fatalf("deferral reason %q does not explain the budget", outs[1].Reason)
 	}
 }
@@ -528,5 +528,50 @@ func TestPlan_TheLearnedSurgeBoundAndLoadHistoryReachTheEngine(t *testing.T) {
 	unbound, bound := decide(1, history), decide(0, weights.LoadHistory{})
 	if fmt.Sprint(unbound.Weights()) == fmt.Sprint(bound.Weights()) {
 		t.Fatalf("the same weights with no surge bound and with the default bound: %v", bound.Weights())
+	}
+}
+
+// sliced spreads a skewed Service of n endpoints over ServiceEntry slices of per endpoints.
+func sliced(key string, n, per int) Target {
+	current := make([]int, n)
+	for i := range current {
+		current[i] = 100
+	}
+	t := target(key, skewed(current...))
+	t.Slices = map[string]int{}
+	for i, e := range t.Endpoints {
+		t.Slices[e.ID] = i / per
+		if i%per == per-1 {
+			t.Endpoints[i].CPUCores = 1.5 // one slow pod in each slice: every slice's weights move
+		}
+	}
+	return t
+}
+
+// Issue 31: the write budget counts the ServiceEntry objects a write patches, not Services: a
+// Service whose weights change in three slices spends three, and one larger than the whole budget
+// is written alone once it is the first of the cycle's writes, so that it is written at all.
+func TestPlan_TheBudgetCountsServiceEntryObjects(t *testing.T) {
+	three := sliced("ns/a-three-slices", 30, 10) // a weight moves in each of three slices
+	if outs, _ := Plan(t0, []Target{three}, nil, 0); outs[0].Action != ActionWrite || outs[0].Objects != 3 {
+		t.Fatalf("a write moving weights in 3 slices: %s patching %d objects, want Write patching 3", outs[0].Action, outs[0].Objects)
+	}
+	// Budget 5: three objects, then another three do not fit, a one-object write does.
+	outs, states := Plan(t0, []Target{three, sliced("ns/b-three-slices", 30, 10), target("ns/c-one", skewed(100, 100, 100))}, nil, 5)
+	if got := []Action{outs[0].Action, outs[1].Action, outs[2].Action}; got[0] != ActionWrite || got[1] != ActionDeferred || got[2] != ActionWrite {
+		t.Fatalf("budget 5 for writes of 3, 3 and 1 objects: %v, want Write, Deferred, Write", got)
+	}
+	if !strings.Contains(outs[1].Reason, "write budget of 5 ServiceEntry objects per cycle spent (this write patches 3)") {
+		t.Fatalf("the deferral does not say what the budget counts: %q", outs[1].Reason)
+	}
+	// A Service larger than the budget waits behind an older write, then goes first, alone.
+	big := sliced("ns/big", 1000, 100) // 10 slices
+	outs, states = Plan(t0.Add(interval), []Target{big, sliced("ns/b-three-slices", 30, 10)}, states, 5)
+	if outs[0].Action != ActionDeferred || outs[1].Action != ActionWrite {
+		t.Fatalf("cycle 1: big %s (10 objects), the carried-over write %s; want Deferred, Write", outs[0].Action, outs[1].Action)
+	}
+	outs, _ = Plan(t0.Add(2*interval), []Target{big, target("ns/c-one", skewed(100, 100, 100))}, states, 5)
+	if outs[0].Action != ActionWrite || outs[0].Objects != 10 || outs[1].Action != ActionDeferred {
+		t.Fatalf("cycle 2: big %s (%d objects), a one-object write %s; want the big one written alone over the budget", outs[0].Action, outs[0].Objects, outs[1].Action)
 	}
 }
