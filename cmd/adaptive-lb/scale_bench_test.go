@@ -28,6 +28,9 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
 
+// mirrorQueue selects the endpoint mirror's work queue in controller-runtime's workqueue metrics.
+const mirrorQueue = `controller="adaptiveloadbalancer",name="adaptiveloadbalancer"`
+
 // operatorUser is the identity the operator runs as in the scale benchmark, so that the API
 // server's audit log tells its requests from the load generator's.
 const operatorUser = "adaptive-lb-operator"
@@ -183,10 +186,17 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		rate := scaleSize("ADAPTIVELB_BENCH_SCALE_RATE", 20)
 		churnStart := auditCounts(b, auditLog)
 		propagationBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "")
+		// The propagation's two parts: the mirror's ServiceEntry writes (the API server's time and
+		// the client's rate limit), and the reconcile's wait in the operator's own work queue.
+		writesBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_serviceentry_write_duration_seconds", "")
+		queueBefore := scrapeHistogram(b, metricsAddr, "workqueue_queue_duration_seconds", mirrorQueue)
 		churned, bigChurned := churn(b, admin, namespaces, step, opted, perService, bigSlices(big), rate, time.Minute)
 		time.Sleep(5 * time.Second) // let the last changes through
 		afterStartup := auditCounts(b, auditLog).minus(churnStart)
 		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "").minus(propagationBefore)
+		mirrorWrites := scrapeHistogram(b, metricsAddr, "adaptivelb_serviceentry_write_duration_seconds", "").minus(writesBefore)
+		queueWait := scrapeHistogram(b, metricsAddr, "workqueue_queue_duration_seconds", mirrorQueue).minus(queueBefore)
+		statusLag := scrapeHistogram(b, metricsAddr, "adaptivelb_status_write_lag_seconds", "")
 		cycle := scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_duration_seconds", "")
 		phases := map[string]histogram{}
 		for _, phase := range []string{"gather", "fetch", "evaluate", "write", "status"} {
@@ -198,6 +208,12 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		}
 		b.ReportMetric(propagation.quantile(0.5)*1000, "propagation_p50_ms")
 		b.ReportMetric(propagation.quantile(0.99)*1000, "propagation_p99_ms")
+		b.ReportMetric(mirrorWrites.quantile(0.5)*1000, "mirror_write_p50_ms")
+		b.ReportMetric(mirrorWrites.quantile(0.99)*1000, "mirror_write_p99_ms")
+		b.ReportMetric(queueWait.quantile(0.99)*1000, "mirror_queue_wait_p99_ms")
+		if statusLag.count > 0 {
+			b.ReportMetric(statusLag.quantile(0.99)*1000, "status_lag_p99_ms")
+		}
 		b.ReportMetric(cycle.count, "weight_cycles")
 		if cycle.count > 0 {
 			b.ReportMetric(cycle.sum/cycle.count*1000, "weight_cycle_mean_ms")

@@ -708,7 +708,10 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 		if err := controllerutil.SetControllerReference(alb, se, r.Scheme); err != nil {
 			return nil, fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
-		if err := r.Create(ctx, se); err != nil {
+		started := time.Now()
+		err := r.Create(ctx, se)
+		r.Metrics.ServiceEntryWriteDuration.Observe(time.Since(started).Seconds())
+		if err != nil {
 			return nil, fmt.Errorf("create ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
 		r.Versions.remember(se)
@@ -736,7 +739,10 @@ func (r *AdaptiveLoadBalancerReconciler) apply(ctx context.Context, alb *adlbv1.
 			return nil, fmt.Errorf("set owner of ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 		}
 	}
-	if err := r.Update(ctx, updated); err != nil {
+	started := time.Now()
+	err := r.Update(ctx, updated)
+	r.Metrics.ServiceEntryWriteDuration.Observe(time.Since(started).Seconds())
+	if err != nil {
 		return nil, fmt.Errorf("update ServiceEntry %s/%s: %w", alb.Namespace, name, err)
 	}
 	r.Versions.rememberWrite(updated, existing)

@@ -22,6 +22,10 @@ type Metrics struct {
 	EndpointPropagation prometheus.Histogram
 	// ServiceEntryWrites counts ServiceEntry creates and updates by reason.
 	ServiceEntryWrites *prometheus.CounterVec
+	// ServiceEntryWriteDuration times the endpoint mirror's ServiceEntry writes, from the call
+	// to the answer (the client's rate limit and the API server): the part of the propagation
+	// delay that is the API server's, apart from the operator's own queue and work.
+	ServiceEntryWriteDuration prometheus.Histogram
 	// ReconcileErrors counts failed reconciles by reason.
 	ReconcileErrors *prometheus.CounterVec
 	// StaleServiceEntryDeletions counts ServiceEntries deleted because their mirror kept failing
@@ -87,6 +91,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "adaptivelb_serviceentry_writes_total",
 			Help: "ServiceEntry creates and updates, by reason (endpoints: membership; weights: a weight cycle).",
 		}, []string{"reason"}),
+		ServiceEntryWriteDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "adaptivelb_serviceentry_write_duration_seconds",
+			Help:    "Duration of the endpoint mirror's ServiceEntry creates and updates, from the call to the API server's answer (the client-side rate limit included): the API server's part of adaptivelb_endpoint_propagation_seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
 		ReconcileErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "adaptivelb_reconcile_errors_total",
 			Help: "Failed reconciles of AdaptiveLoadBalancers, by reason.",
@@ -99,6 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.EndpointPropagation = register(reg, m.EndpointPropagation)
 	m.StaleServiceEntryDeletions = register(reg, m.StaleServiceEntryDeletions)
 	m.ServiceEntryWrites = register(reg, m.ServiceEntryWrites)
+	m.ServiceEntryWriteDuration = register(reg, m.ServiceEntryWriteDuration)
 	m.ReconcileErrors = register(reg, m.ReconcileErrors)
 	return m
 }

@@ -367,12 +367,22 @@ func TestWeightCycle_ConvergesToTheEnginesWeightsAndThenStaysQuiet(t *testing.T)
 		rps[i] = 600 * float64(got[ip]) / float64(total)
 		cores[i] = rps[i] * skewedCores[i] / 100
 	}
+	var settled *adlbv1.AdaptiveLoadBalancer
 	for step := 1; step <= 4; step++ {
 		lf.clock.Step(loopInterval)
 		lf.load(cores, rps)
 		rep := lf.run()
 		if lf.wrote(rep) != 0 {
 			t.Fatalf("cycle %d after convergence wrote %d times (%+v)", step, lf.wrote(rep), rep.Outcomes[lf.key()])
+		}
+		// Nor does its status change: nothing that acts changed (issue 31: a status write per
+		// Service per cycle was most of what the operator sent the API server).
+		now := lf.liveALB()
+		if settled != nil && now.ResourceVersion != settled.ResourceVersion {
+			t.Errorf("cycle %d after convergence rewrote the status:\nbefore %+v\nafter  %+v", step, settled.Status, now.Status)
+		}
+		if step >= 2 {
+			settled = now
 		}
 		t.Logf("cycle %d: weights %v, %d writes, %s: %s", step, orderedWeights(lf.ips, lf.weights()), lf.wrote(rep), rep.Outcomes[lf.key()].Action, rep.Outcomes[lf.key()].Reason)
 	}
