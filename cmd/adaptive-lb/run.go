@@ -323,7 +323,7 @@ func (o *runOptions) run(ctx context.Context) error {
 		return err
 	}
 	// What outlives one manager: the operator's own metrics and the metrics source.
-	shared := sharedParts{metrics: controller.DefaultMetrics()}
+	shared := sharedParts{metrics: controller.DefaultMetrics(), statusMetrics: controller.NewStatusQueueMetrics(ctrlmetrics.Registry)}
 	if o.endpointWeightMetrics {
 		shared.metrics.EnableEndpointWeights(ctrlmetrics.Registry)
 	}
@@ -429,10 +429,12 @@ const maxRejoinWait = 10 * time.Second
 
 // sharedParts are built once per process and handed to every manager the process runs.
 type sharedParts struct {
-	metrics    *controller.Metrics
-	source     metrics.Source           // nil without --tsdb-url
-	cycle      *controller.CycleMetrics // nil without --tsdb-url
-	leaderLock resourcelock.Interface   // nil without --leader-elect
+	metrics *controller.Metrics
+	source  metrics.Source           // nil without --tsdb-url
+	cycle   *controller.CycleMetrics // nil without --tsdb-url
+	// statusMetrics are the status queue's.
+	statusMetrics *controller.StatusQueueMetrics
+	leaderLock    resourcelock.Interface // nil without --leader-elect
 	// installID names this installation on its ServiceEntries (controller.InstallLabel): its
 	// leader Lease, which the fail-open watchdog also reads ("" when its namespace is unknown).
 	installID string
@@ -533,6 +535,11 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 	}
 	versions := &controller.ServiceEntryVersions{}
 	activity := &controller.Activity{}
+	// The mirror's and the weight path's statuses, written off both paths, after what they report.
+	statuses := &controller.StatusQueue{Client: statusClient, Reader: mgr.GetAPIReader(), Metrics: shared.statusMetrics, Activity: activity}
+	if err := mgr.Add(statuses); err != nil {
+		return fmt.Errorf("add the status queue: %w", err)
+	}
 	membership := controller.NewMembership(clock.RealClock{})
 	r := &controller.AdaptiveLoadBalancerReconciler{
 		Activity:      activity,
@@ -540,6 +547,7 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		Membership:    membership,
 		Client:        mgr.GetClient(),
 		StatusClient:  statusClient,
+		StatusQueue:   statuses,
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),
 		Metrics:       shared.metrics,
@@ -583,10 +591,6 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		fastCheck, why := o.fastCheck()
 		if why != "" {
 			logger.Info("the check between cycles is off: "+why+"; set --fast-check-interval to run it anyway", "tsdbScrapeInterval", o.scrapeInterval.String())
-		}
-		statuses := &controller.StatusQueue{Client: statusClient, Reader: mgr.GetAPIReader(), Metrics: shared.cycle, Activity: activity}
-		if err := mgr.Add(statuses); err != nil {
-			return fmt.Errorf("add the status queue: %w", err)
 		}
 		loop := &controller.WeightCycle{
 			Client: weightClient, APIReader: mgr.GetAPIReader(), Source: shared.source, Recorder: mgr.GetEventRecorderFor("adaptive-lb"), Status: statuses,

@@ -337,6 +337,7 @@ func auditCounts(b *testing.B, path string) verbCounts {
 			Stage     string                    `json:"stage"`
 			User      struct{ Username string } `json:"user"`
 			ObjectRef struct{ Resource string } `json:"objectRef"`
+			UserAgent string                    `json:"userAgent"`
 		}
 		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.User.Username != operatorUser {
 			continue
@@ -345,7 +346,12 @@ func auditCounts(b *testing.B, path string) verbCounts {
 			continue
 		}
 		out.byVerb[ev.Verb]++
-		out.detail[ev.Verb+" "+ev.ObjectRef.Resource]++
+		key := ev.Verb + " " + ev.ObjectRef.Resource
+		// The operator's weight and status clients name their budget in their user agent.
+		if i := strings.LastIndex(ev.UserAgent, "("); i >= 0 && strings.HasSuffix(ev.UserAgent, ")") {
+			key += " " + ev.UserAgent[i:]
+		}
+		out.detail[key]++
 	}
 	return out
 }

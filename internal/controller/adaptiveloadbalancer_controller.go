@@ -83,9 +83,12 @@ const (
 // weights through the same ServiceEntry.
 type AdaptiveLoadBalancerReconciler struct {
 	client.Client
-	// StatusClient writes the AdaptiveLoadBalancers' statuses: a client with its own rate limit,
-	// so that status writes never spend the budget of the ServiceEntry writes (membership
-	// first). Nil: Client.
+	// StatusQueue writes the statuses off the reconcile's path (status_queue.go), shared with
+	// the weight cycle; nil: the reconcile writes them itself, through StatusClient.
+	StatusQueue *StatusQueue
+	// StatusClient writes the AdaptiveLoadBalancers' statuses when no StatusQueue does: a
+	// client with its own rate limit, so that status writes never spend the budget of the
+	// ServiceEntry writes (membership first). Nil: Client.
 	StatusClient client.Client
 	Scheme       *runtime.Scheme
 	Recorder     record.EventRecorder
@@ -847,84 +850,98 @@ func logNotServed(logger logr.Logger, alb *adlbv1.AdaptiveLoadBalancer, o mirror
 	logger.Info("AdaptiveLoadBalancer not served", "reason", o.reason, "message", o.message)
 }
 
-// writeStatus computes the mirror's part of the status (see status.go for who owns what) and
-// writes it once, only if it changed, under an optimistic lock. A change of the endpoint list
-// alone is written at most once per statusEndpointInterval; it then returns how long to wait
-// before the deferred write.
+// writeStatus computes the mirror's part of the status (see status.go for who owns what) and,
+// when it changed, hands it to the status queue (or, without one, writes it under an optimistic
+// lock), so that the reconcile's worker is free for the next endpoint change as soon as the
+// ServiceEntry is written. A change of the endpoint list alone is written at most once per
+// statusEndpointInterval; it then returns how long to wait before the deferred write. The
+// throttle decides on the cached object; a write under way completes what was decided.
 func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome) (time.Duration, error) {
 	now := metav1.NewTime(r.Clock.Now())
 	key := client.ObjectKeyFromObject(alb)
-	var wait time.Duration
-	first := true
+	if !o.keepEndpoints && alb.Spec.Mode != adlbv1.ModeDryRun {
+		ws, pods := map[string]int{}, map[string]string{}
+		for _, e := range o.endpoints {
+			ws[e.IP], pods[e.IP] = int(e.Weight), e.Pod
+		}
+		r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
+	}
+	status := r.mirrorStatus(alb, o, now)
+	if apiequality.Semantic.DeepEqual(&alb.Status, status) {
+		return 0, nil
+	}
+	// An empty ServiceEntry, or the first endpoints after none, is news the ENDPOINTS column
+	// must show at once.
+	if endpointsOnly(&alb.Status, status) && (alb.Status.EndpointCount == 0) == (status.EndpointCount == 0) {
+		if wait := r.statusThrottle.wait(key, r.Clock.Now(), statusEndpointInterval); wait > 0 {
+			return wait, nil
+		}
+	}
 	mutate := func(alb *adlbv1.AdaptiveLoadBalancer) bool {
-		status := alb.Status.DeepCopy()
-		gen := alb.Generation
-		status.ObservedGeneration = gen
-		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen})
-		// MetricsAvailable and WeightsApplied belong to the weight cycle: only placeholders
-		// while they are absent, so that a new object shows every condition at once.
-		if meta.FindStatusCondition(status.Conditions, adlbv1.ConditionMetricsAvailable) == nil {
-			meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionUnknown, Reason: adlbv1.ReasonAwaitingMetrics, Message: "no weight cycle has fetched metrics for this Service yet", ObservedGeneration: gen})
-		}
-		// The mirror decides whether a ServiceEntry exists, so it alone says NoServiceEntry,
-		// and replaces that (or an absent condition) by the equal-weights placeholder once the
-		// ServiceEntry is written. Every other WeightsApplied value comes from the weight cycle.
-		// A spec change also refreshes a condition that only states the mode (equal weights,
-		// DryRun, Frozen): without a TSDB no weight cycle runs to do it.
-		switch c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); {
-		case o.status != metav1.ConditionTrue && !o.keepEndpoints:
-			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, false))
-		case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry ||
-			(c.ObservedGeneration != gen && modeOnlyReason(c.Reason))):
-			meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, true))
-		}
-		if c := weightsEnforcedCondition(o, gen); c != nil {
-			meta.SetStatusCondition(&status.Conditions, *c)
-		}
-		if !o.keepEndpoints {
-			if alb.Spec.Mode != adlbv1.ModeDryRun {
-				ws, pods := map[string]int{}, map[string]string{}
-				for _, e := range o.endpoints {
-					ws[e.IP], pods[e.IP] = int(e.Weight), e.Pod
-				}
-				r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
-			}
-			status.ServiceEntry = o.serviceEntry
-			status.ServiceEntrySlices = int32(o.slices)
-			status.EndpointCount = int32(len(o.endpoints))
-			replanned := func(ip string, weight uint32) bool { return r.Membership.ReplannedWeight(key, ip, weight) }
-			status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun, replanned)
-		}
-		meta.SetStatusCondition(&status.Conditions, readyCondition(status.Conditions, gen))
+		status := r.mirrorStatus(alb, o, now)
 		if apiequality.Semantic.DeepEqual(&alb.Status, status) {
 			return false
 		}
-		// The throttle applies to the decision taken on the cached object; a retry after a
-		// conflict completes a write already decided.
-		// An empty ServiceEntry, or the first endpoints after none, is news the ENDPOINTS column
-		// must show at once.
-		if first && endpointsOnly(&alb.Status, status) && (alb.Status.EndpointCount == 0) == (status.EndpointCount == 0) {
-			if wait = r.statusThrottle.wait(key, r.Clock.Now(), statusEndpointInterval); wait > 0 {
-				return false
-			}
-		}
-		first = false
-		wait = 0
 		alb.Status = *status
 		return true
+	}
+	wrote := func(_ *adlbv1.AdaptiveLoadBalancer, wrote bool, _ error) {
+		if wrote {
+			r.statusThrottle.wrote(key, r.Clock.Now())
+		}
+	}
+	if r.StatusQueue != nil {
+		r.StatusQueue.enqueue(key, statusChange{mutate: mutate, done: wrote})
+		return 0, nil
 	}
 	writer := r.StatusClient
 	if writer == nil {
 		writer = r.Client
 	}
-	wrote, err := updateStatus(ctx, writer, r.apiReader, alb, mutate)
+	written, err := updateStatus(ctx, writer, r.apiReader, alb, mutate)
 	if err != nil {
 		return 0, err
 	}
-	if wrote {
-		r.statusThrottle.wrote(key, r.Clock.Now())
+	wrote(alb, written, nil)
+	return 0, nil
+}
+
+// mirrorStatus is alb's status with the mirror's part set from outcome o at now.
+func (r *AdaptiveLoadBalancerReconciler) mirrorStatus(alb *adlbv1.AdaptiveLoadBalancer, o mirrorOutcome, now metav1.Time) *adlbv1.AdaptiveLoadBalancerStatus {
+	key := client.ObjectKeyFromObject(alb)
+	status := alb.Status.DeepCopy()
+	gen := alb.Generation
+	status.ObservedGeneration = gen
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionEndpointsMirrored, Status: o.status, Reason: o.reason, Message: o.message, ObservedGeneration: gen})
+	// MetricsAvailable and WeightsApplied belong to the weight cycle: only placeholders
+	// while they are absent, so that a new object shows every condition at once.
+	if meta.FindStatusCondition(status.Conditions, adlbv1.ConditionMetricsAvailable) == nil {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: adlbv1.ConditionMetricsAvailable, Status: metav1.ConditionUnknown, Reason: adlbv1.ReasonAwaitingMetrics, Message: "no weight cycle has fetched metrics for this Service yet", ObservedGeneration: gen})
 	}
-	return max(wait, 0), nil
+	// The mirror decides whether a ServiceEntry exists, so it alone says NoServiceEntry,
+	// and replaces that (or an absent condition) by the equal-weights placeholder once the
+	// ServiceEntry is written. Every other WeightsApplied value comes from the weight cycle.
+	// A spec change also refreshes a condition that only states the mode (equal weights,
+	// DryRun, Frozen): without a TSDB no weight cycle runs to do it.
+	switch c := meta.FindStatusCondition(status.Conditions, adlbv1.ConditionWeightsApplied); {
+	case o.status != metav1.ConditionTrue && !o.keepEndpoints:
+		meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, false))
+	case o.status == metav1.ConditionTrue && (c == nil || c.Reason == adlbv1.ReasonNoServiceEntry ||
+		(c.ObservedGeneration != gen && modeOnlyReason(c.Reason))):
+		meta.SetStatusCondition(&status.Conditions, placeholderWeightsCondition(alb, true))
+	}
+	if c := weightsEnforcedCondition(o, gen); c != nil {
+		meta.SetStatusCondition(&status.Conditions, *c)
+	}
+	if !o.keepEndpoints {
+		status.ServiceEntry = o.serviceEntry
+		status.ServiceEntrySlices = int32(o.slices)
+		status.EndpointCount = int32(len(o.endpoints))
+		replanned := func(ip string, weight uint32) bool { return r.Membership.ReplannedWeight(key, ip, weight) }
+		status.Endpoints, status.EndpointsTruncated = endpointStatus(alb.Status.Endpoints, o.endpoints, now, alb.Spec.Mode == adlbv1.ModeDryRun, replanned)
+	}
+	meta.SetStatusCondition(&status.Conditions, readyCondition(status.Conditions, gen))
+	return status
 }
 
 // weightsEnforcedCondition is WeightsEnforced for the mirror's outcome: what the mirror found

@@ -16,8 +16,6 @@ type CycleMetrics struct {
 	ModelOverrules   prometheus.Counter
 	Reliefs          prometheus.Counter
 	CheckDuration    prometheus.Histogram
-	StatusQueueDepth prometheus.Gauge
-	StatusWriteLag   prometheus.Histogram
 }
 
 // NewCycleMetrics registers the weight cycle's metrics with reg.
@@ -65,18 +63,7 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 			Buckets: cycleBuckets,
 		}),
 	}
-	m.StatusQueueDepth = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "adaptivelb_status_queue_depth",
-		Help: "AdaptiveLoadBalancers whose status change the weight path has handed over and the status queue has not written yet.",
-	})
-	m.StatusWriteLag = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "adaptivelb_status_write_lag_seconds",
-		Help:    "Time from the weight path's hand-over of an AdaptiveLoadBalancer's status change (the first, when several were written as one) to its write.",
-		Buckets: cycleBuckets,
-	})
 	m.CycleDuration = register(reg, m.CycleDuration)
-	m.StatusQueueDepth = register(reg, m.StatusQueueDepth)
-	m.StatusWriteLag = register(reg, m.StatusWriteLag)
 	m.PhaseDuration = register(reg, m.PhaseDuration)
 	m.EstimatedPushes = register(reg, m.EstimatedPushes)
 	m.LastSuccess = register(reg, m.LastSuccess)
@@ -85,4 +72,25 @@ func NewCycleMetrics(reg prometheus.Registerer) *CycleMetrics {
 	m.Reliefs = register(reg, m.Reliefs)
 	m.CheckDuration = register(reg, m.CheckDuration)
 	return m
+}
+
+// StatusQueueMetrics are the status queue's own metrics.
+type StatusQueueMetrics struct {
+	Depth prometheus.Gauge
+	Lag   prometheus.Histogram
+}
+
+// NewStatusQueueMetrics registers the status queue's metrics with reg.
+func NewStatusQueueMetrics(reg prometheus.Registerer) *StatusQueueMetrics {
+	return &StatusQueueMetrics{
+		Depth: register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "adaptivelb_status_queue_depth",
+			Help: "AdaptiveLoadBalancers whose status change the mirror or the weight path has handed over and the status queue has not written yet.",
+		})),
+		Lag: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "adaptivelb_status_write_lag_seconds",
+			Help:    "Time from the hand-over of an AdaptiveLoadBalancer's status change (the first, when several were written as one) to its write.",
+			Buckets: cycleBuckets,
+		})),
+	}
 }

@@ -16,20 +16,23 @@ import (
 	adlbv1 "github.com/adaptive-lb/adaptive-lb/api/v1alpha1"
 )
 
-// StatusQueue writes the weight path's AdaptiveLoadBalancer statuses off the weight path: the
-// cycle and the checks between cycles decide and write weights, hand each status change to the
-// queue, and go on. At 200,000 pods a cycle with 200 Services due spent 4.9 s writing their
-// statuses one after another (docs/scaling.md) while its weights waited for the next tick.
+// StatusQueue writes the AdaptiveLoadBalancer statuses off the paths that decide them: the
+// mirror writes a ServiceEntry, the cycle and the checks between cycles write weights, each
+// hands its status change to the queue and goes on. At 200,000 pods a cycle with 200 Services
+// due spent 4.9 s writing their statuses one after another (docs/scaling.md) while its weights
+// waited for the next tick, and a reconcile's status write held its worker from the next
+// endpoint change.
 //
 // Changes to one object that wait together are applied in the order they came and written as
 // one patch (coalesced per object): an object whose write lags writes once, not once per cycle.
 // A change is handed over only after the write it reports has returned, so a status written
-// from the queue never claims what did not happen; it may say it later. Writes go through
+// from the queue never claims what did not happen; it may say it later. A write that fails is
+// retried with back-off (statusWriteRetries), then dropped with an error in the log. Writes go through
 // Client, which has its own client-side rate limit (and, with the chart's FlowSchema, its own
 // API Priority and Fairness level): they never take the mirror's budget.
 //
-// A queue that was never started writes nothing: the weight cycle then writes its statuses
-// itself (WeightCycle.Status nil). The queue runs on the leader only, as the weight cycle does;
+// A queue that was never started writes nothing: without one, the reconciler and the weight
+// cycle write their statuses themselves. The queue runs on the leader only, as they do;
 // what is still queued when it stops is dropped, and the next leader's first cycle writes every
 // status afresh.
 type StatusQueue struct {
@@ -41,14 +44,14 @@ type StatusQueue struct {
 	Workers int
 	Clock   clock.PassiveClock
 	// Metrics, if set, receives the queue's depth and each write's lag.
-	Metrics *CycleMetrics
+	Metrics *StatusQueueMetrics
 	// Activity, if set, counts writes under way, so that a replaced manager's writes finish
 	// before the next one's start.
 	Activity *Activity
 
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingStatus
-	queue   workqueue.TypedInterface[types.NamespacedName]
+	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	busy    int
 	idle    *sync.Cond
 }
@@ -60,6 +63,11 @@ const DefaultStatusWorkers = 4
 
 // statusWriteTimeout bounds one status write from the queue.
 const statusWriteTimeout = 30 * time.Second
+
+// statusWriteRetries is how many times the queue retries a failed write of one object's
+// changes, with back-off (0.1 s doubling), before it drops them: the next reconcile or cycle
+// writes that status again.
+const statusWriteRetries = 5
 
 // statusChange is one change of an AdaptiveLoadBalancer's status: mutate changes the object as
 // updateStatus's does (false: nothing of its own to write), and done, if set, is called once
@@ -83,7 +91,7 @@ func (q *StatusQueue) init() {
 	defer q.mu.Unlock()
 	if q.queue == nil {
 		q.pending = map[types.NamespacedName]*pendingStatus{}
-		q.queue = workqueue.NewTyped[types.NamespacedName]()
+		q.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 10*time.Second))
 		q.idle = sync.NewCond(&q.mu)
 		if q.Clock == nil {
 			q.Clock = clock.RealClock{}
@@ -161,11 +169,24 @@ func (q *StatusQueue) writeNext(ctx context.Context) bool {
 	writeCtx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
 	defer cancel()
 	alb, wrote, err := writeStatusChanges(writeCtx, q.Client, q.Reader, key, p.changes)
+	if err != nil && ctx.Err() == nil && q.queue.NumRequeues(key) < statusWriteRetries {
+		// Retried with back-off, before whatever came since, which was decided later.
+		q.mu.Lock()
+		if later := q.pending[key]; later != nil {
+			p.changes = append(p.changes, later.changes...)
+		}
+		q.pending[key] = p
+		q.setDepth()
+		q.mu.Unlock()
+		q.queue.AddRateLimited(key)
+		return true
+	}
+	q.queue.Forget(key)
 	if err != nil {
-		log.FromContext(ctx).Error(err, "status write failed; the next cycle writes this AdaptiveLoadBalancer's status again", "adaptiveLoadBalancer", key)
+		log.FromContext(ctx).Error(err, "status write failed after retries; the next reconcile or cycle writes this AdaptiveLoadBalancer's status again", "adaptiveLoadBalancer", key)
 	}
 	if q.Metrics != nil && wrote {
-		q.Metrics.StatusWriteLag.Observe(q.Clock.Since(p.since).Seconds())
+		q.Metrics.Lag.Observe(q.Clock.Since(p.since).Seconds())
 	}
 	for _, c := range p.changes {
 		if c.done != nil {
@@ -209,7 +230,7 @@ func applyInOrder(changes []statusChange) func(*adlbv1.AdaptiveLoadBalancer) boo
 // setDepth publishes how many objects wait; q.mu is held.
 func (q *StatusQueue) setDepth() {
 	if q.Metrics != nil {
-		q.Metrics.StatusQueueDepth.Set(float64(len(q.pending)))
+		q.Metrics.Depth.Set(float64(len(q.pending)))
 	}
 }
 

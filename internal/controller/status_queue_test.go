@@ -68,7 +68,7 @@ func startQueue(t *testing.T, q *StatusQueue) {
 func TestStatusQueue_TheCycleWritesWeightsWithoutWaitingForItsStatus(t *testing.T) {
 	lf := newLoopFixture(t, adlbv1.ModeActive)
 	held := newHeldStatusWrites()
-	metrics := NewCycleMetrics(prometheus.NewRegistry())
+	metrics := NewStatusQueueMetrics(prometheus.NewRegistry())
 	lf.loop.Status = &StatusQueue{Client: held, Reader: k8s, Metrics: metrics}
 	startQueue(t, lf.loop.Status)
 	released := false
@@ -93,7 +93,7 @@ func TestStatusQueue_TheCycleWritesWeightsWithoutWaitingForItsStatus(t *testing.
 	if alb.Status.LastWeightWrite != nil {
 		t.Fatalf("status.lastWeightWrite %v while every status write is held: the status claims a write it has not written", alb.Status.LastWeightWrite)
 	}
-	if depth := testutil.ToFloat64(metrics.StatusQueueDepth); depth > 1 {
+	if depth := testutil.ToFloat64(metrics.Depth); depth > 1 {
 		t.Fatalf("adaptivelb_status_queue_depth %v, want at most 1 (the change is in flight or waiting)", depth)
 	}
 

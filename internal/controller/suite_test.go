@@ -281,7 +281,13 @@ func startOperator(ctx context.Context, cfg *rest.Config) error {
 	testMetrics = NewMetrics(prometheus.NewRegistry())
 	testMetrics.EnableEndpointWeights(prometheus.NewRegistry())
 	operatorClient = mgr.GetClient()
+	// The mirror's statuses go through a status queue, as in the operator.
+	statuses := &StatusQueue{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
+	if err := mgr.Add(statuses); err != nil {
+		return fmt.Errorf("add the status queue: %w", err)
+	}
 	r := &AdaptiveLoadBalancerReconciler{
+		StatusQueue:   statuses,
 		Versions:      sharedVersions,
 		Membership:    sharedMembership,
 		Client:        mgr.GetClient(),
