@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,6 +86,9 @@ func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
 		crd      apiextensionsv1.CustomResourceDefinition
 		istio    rbacv1.Role
 		istioBnd rbacv1.RoleBinding
+		members  flowcontrolv1.FlowSchema
+		status   flowcontrolv1.FlowSchema
+		level    flowcontrolv1.PriorityLevelConfiguration
 	)
 	get(ns("adaptive-lb"), &deploy)
 	get(ns("adaptive-lb"), &sa)
@@ -97,11 +101,27 @@ func TestKustomize_DefaultInstallsTheOperatorOnARealAPIServer(t *testing.T) {
 	get(types.NamespacedName{Name: "adaptiveloadbalancers.adaptivelb.io"}, &crd)
 	get(types.NamespacedName{Namespace: "istio-system", Name: "adaptive-lb"}, &istio)
 	get(types.NamespacedName{Namespace: "istio-system", Name: "adaptive-lb"}, &istioBnd)
+	get(types.NamespacedName{Name: "adaptive-lb-membership"}, &members)
+	get(types.NamespacedName{Name: "adaptive-lb-status"}, &status)
+	get(types.NamespacedName{Name: "adaptive-lb-status"}, &level)
 	if t.Failed() {
 		return
 	}
 	if len(istioBnd.Subjects) != 1 || istioBnd.Subjects[0].Name != sa.Name || istioBnd.Subjects[0].Namespace != namespace || istioBnd.RoleRef.Name != istio.Name {
 		t.Errorf("the RoleBinding in istio-system does not bind %s to the ServiceAccount: %+v", istio.Name, istioBnd)
+	}
+
+	// The FlowSchemas are the installed ServiceAccount's, and the status schema uses the installed
+	// level (test/chart's TestChart_APFPutsTheMembershipWritesAboveTheStatusWrites checks how the
+	// API server classifies the same objects, rendered by the chart).
+	for _, schema := range []flowcontrolv1.FlowSchema{members, status} {
+		if len(schema.Spec.Rules) != 1 || len(schema.Spec.Rules[0].Subjects) != 1 || schema.Spec.Rules[0].Subjects[0].ServiceAccount == nil ||
+			*schema.Spec.Rules[0].Subjects[0].ServiceAccount != (flowcontrolv1.ServiceAccountSubject{Namespace: namespace, Name: sa.Name}) {
+			t.Errorf("FlowSchema %s is not the installed ServiceAccount's: %+v", schema.Name, schema.Spec.Rules)
+		}
+	}
+	if status.Spec.PriorityLevelConfiguration.Name != level.Name {
+		t.Errorf("FlowSchema %s uses the level %s, not the installed %s", status.Name, status.Spec.PriorityLevelConfiguration.Name, level.Name)
 	}
 
 	pod := deploy.Spec.Template

@@ -18,3 +18,17 @@ leader. The watchdog and the uninstall hook read the same Lease. */ -}}
 app.kubernetes.io/name: adaptive-lb
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+
+{{- /* API Priority and Fairness objects are cluster-scoped: the release name keeps two releases'
+apart. */ -}}
+{{- define "adaptive-lb.membershipFlowSchemaName" -}}
+{{- printf "%s-adaptive-lb-membership" .Release.Name -}}
+{{- end -}}
+
+{{- define "adaptive-lb.statusFlowSchemaName" -}}
+{{- printf "%s-adaptive-lb-status" .Release.Name -}}
+{{- end -}}
+
+{{- define "adaptive-lb.statusPriorityLevelName" -}}
+{{- printf "%s-adaptive-lb-status" .Release.Name -}}
+{{- end -}}
