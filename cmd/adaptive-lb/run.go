@@ -635,14 +635,20 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 
 // budgetedClient is a client that reads from mgr's cache and writes to the API server under a
 // client-side rate limit of its own (one token bucket for every resource it writes, where a
-// client built from cfg alone would have one per resource), identified as purpose in its user
-// agent, which the API server's audit log records.
+// client built from cfg alone would have one per resource), over its own connection, identified
+// as purpose in its user agent, which the API server's audit log records.
 func budgetedClient(cfg *rest.Config, mgr ctrl.Manager, purpose string, qps float32, burst int) (client.Client, error) {
 	c := rest.CopyConfig(cfg)
 	c.UserAgent = strings.TrimSpace(cfg.UserAgent + " (" + purpose + ")")
 	c.QPS, c.Burst = qps, burst
 	c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
-	cl, err := client.New(c, client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), HTTPClient: mgr.GetHTTPClient(),
+	// Its own HTTP client: the user agent is the transport's, and its own connection keeps its
+	// requests off the HTTP/2 stream limit of the mirror's.
+	httpClient, err := rest.HTTPClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("build the %s HTTP client: %w", purpose, err)
+	}
+	cl, err := client.New(c, client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(), HTTPClient: httpClient,
 		Cache: &client.CacheOptions{Reader: mgr.GetCache()}})
 	if err != nil {
 		return nil, fmt.Errorf("build the %s client: %w", purpose, err)

@@ -28,6 +28,27 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/metrics/vmtest"
 )
 
+// cpuSeconds is CPU time by process name.
+type cpuSeconds map[string]float64
+
+func (c cpuSeconds) minus(o cpuSeconds) cpuSeconds {
+	out := cpuSeconds{}
+	for k, v := range c {
+		out[k] = v - o[k]
+	}
+	return out
+}
+
+// childCPU reads the CPU time so far of the operator, the API server and etcd, children of the
+// benchmark's process.
+func childCPU() cpuSeconds {
+	out := cpuSeconds{}
+	for _, p := range []string{"adaptive-lb", "kube-apiserver", "etcd"} {
+		out[p] = benchutil.ChildCPUSeconds(p)
+	}
+	return out
+}
+
 // mirrorQueue selects the endpoint mirror's work queue in controller-runtime's workqueue metrics.
 const mirrorQueue = `controller="adaptiveloadbalancer",name="adaptiveloadbalancer"`
 
@@ -190,7 +211,9 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		// the client's rate limit), and the reconcile's wait in the operator's own work queue.
 		writesBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_serviceentry_write_duration_seconds", "")
 		queueBefore := scrapeHistogram(b, metricsAddr, "workqueue_queue_duration_seconds", mirrorQueue)
+		cpuBefore := childCPU()
 		churned, bigChurned := churn(b, admin, namespaces, step, opted, perService, bigSlices(big), rate, time.Minute)
+		cpu := childCPU().minus(cpuBefore)
 		time.Sleep(5 * time.Second) // let the last changes through
 		afterStartup := auditCounts(b, auditLog).minus(churnStart)
 		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "").minus(propagationBefore)
@@ -203,6 +226,13 @@ func BenchmarkScale_20kPods(b *testing.B) {
 			phases[phase] = scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_phase_seconds", fmt.Sprintf("phase=%q", phase))
 		}
 		b.ReportMetric(float64(churned)/time.Minute.Seconds(), "changes/s")
+		// Whose CPU the churn minute cost: the operator's own, and the API server's and etcd's.
+		for _, p := range []string{"adaptive-lb", "kube-apiserver", "etcd"} {
+			b.ReportMetric(cpu[p], "churn_cpu_s_"+p)
+		}
+		if churned > 0 {
+			b.ReportMetric(cpu["adaptive-lb"]*1000/float64(churned), "operator_cpu_ms_per_change")
+		}
 		if big > 0 {
 			b.ReportMetric(float64(bigChurned)/time.Minute.Seconds(), "big_changes/s")
 		}
