@@ -2,12 +2,16 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,6 +27,8 @@ type heldStatusWrites struct {
 	client.Client
 	release chan struct{}
 	patches atomic.Int32
+	// refuse answers that many status patches with an API error before letting them through.
+	refuse atomic.Int32
 }
 
 func newHeldStatusWrites() *heldStatusWrites {
@@ -43,6 +49,9 @@ func (w heldStatusWriter) Patch(ctx context.Context, obj client.Object, patch cl
 	case <-w.h.release:
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	if w.h.refuse.Add(-1) >= 0 {
+		return apierrors.NewInternalError(errors.New("injected: etcdserver: leader changed"))
 	}
 	err := w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
 	if err == nil {
@@ -207,4 +216,82 @@ func (lf *loopFixture) liveALB() *adlbv1.AdaptiveLoadBalancer {
 		lf.t.Fatal(err)
 	}
 	return alb
+}
+
+// A status write the API server refuses is retried with back-off: a brief refusal loses nothing.
+// One that keeps failing is given up after statusWriteRetries retries, said to the change, and
+// the queue goes on (the next reconcile or cycle writes that status again).
+func TestStatusQueue_ARefusedWriteIsRetriedThenGivenUp(t *testing.T) {
+	f := newFixture(t)
+	f.service("web")
+	f.alb("web", "web")
+	key := types.NamespacedName{Namespace: f.ns, Name: "web"}
+	f.eventually("the mirror's first status", func() error {
+		alb := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, key, alb); err != nil {
+			return err
+		}
+		if meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored) == nil {
+			return errNotYet
+		}
+		return nil
+	})
+	held := newHeldStatusWrites()
+	close(held.release)
+	q := &StatusQueue{Client: held, Reader: k8s, Workers: 1}
+	startQueue(t, q)
+	change := func(reason string, outcome chan<- error) statusChange {
+		return statusChange{
+			mutate: func(alb *adlbv1.AdaptiveLoadBalancer) bool {
+				alb.Status.LastRelief = &adlbv1.Relief{Time: metav1.Now(), Reason: reason}
+				return true
+			},
+			done: func(_ *adlbv1.AdaptiveLoadBalancer, wrote bool, err error) {
+				if wrote && err == nil {
+					outcome <- nil
+					return
+				}
+				outcome <- fmt.Errorf("wrote %v: %w", wrote, err)
+			},
+		}
+	}
+	wait := func(outcome <-chan error) error {
+		t.Helper()
+		select {
+		case err := <-outcome:
+			return err
+		case <-time.After(time.Minute):
+			t.Fatal("the change was never told of its write")
+			return nil
+		}
+	}
+
+	held.refuse.Store(2)
+	outcome := make(chan error, 1)
+	q.enqueue(key, change("after two refusals", outcome))
+	if err := wait(outcome); err != nil {
+		t.Fatalf("a write refused twice: %v, want it written on a retry", err)
+	}
+	alb := &adlbv1.AdaptiveLoadBalancer{}
+	if err := k8s.Get(f.ctx, key, alb); err != nil {
+		t.Fatal(err)
+	}
+	if alb.Status.LastRelief == nil || alb.Status.LastRelief.Reason != "after two refusals" {
+		t.Fatalf("status.lastRelief %+v after the retries", alb.Status.LastRelief)
+	}
+
+	held.refuse.Store(1000)
+	outcome = make(chan error, 1)
+	q.enqueue(key, change("never", outcome))
+	if err := wait(outcome); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("a write refused every time: %v, want the API server's error", err)
+	}
+	if refused := 1000 - held.refuse.Load(); refused != statusWriteRetries+1 {
+		t.Fatalf("%d attempts of a write refused every time, want %d (the first and %d retries)", refused, statusWriteRetries+1, statusWriteRetries)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := q.WaitIdle(ctx); err != nil {
+		t.Fatalf("the queue kept a change it gave up: %v", err)
+	}
 }
