@@ -150,7 +150,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		vm.ImportText(b, sig.String())
 	}
 	for b.Loop() {
-		auditBefore := auditCounts(b, auditLog)
+		auditBefore := auditCounts(b, auditLog, operatorUser)
 		start := time.Now()
 		metricsAddr := freeLoopbackAddr(b)
 		// ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file>: the operator's heap profile after sync.
@@ -170,7 +170,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		}
 		stop := func() { _ = op.Process.Signal(os.Interrupt); _ = op.Wait() }
 		startup, bigStartup := waitFullMirror(b, admin, start, opted, perService, big, 10*time.Minute)
-		atStartup := auditCounts(b, auditLog).minus(auditBefore)
+		atStartup := auditCounts(b, auditLog, operatorUser).minus(auditBefore)
 		rssStartup, _ := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
 		if heapProfile != "" {
@@ -181,11 +181,11 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		// A minute of churn on opted-in Services (ADAPTIVELB_BENCH_SCALE_RATE changes/s, 20 by
 		// default; 200 is the propagation target's rate).
 		rate := scaleSize("ADAPTIVELB_BENCH_SCALE_RATE", 20)
-		churnStart := auditCounts(b, auditLog)
+		churnStart := auditCounts(b, auditLog, operatorUser)
 		propagationBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "")
 		churned, bigChurned := churn(b, admin, namespaces, step, opted, perService, bigSlices(big), rate, time.Minute)
 		time.Sleep(5 * time.Second) // let the last changes through
-		afterStartup := auditCounts(b, auditLog).minus(churnStart)
+		afterStartup := auditCounts(b, auditLog, operatorUser).minus(churnStart)
 		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "").minus(propagationBefore)
 		cycle := scrapeHistogram(b, metricsAddr, "adaptivelb_weight_cycle_duration_seconds", "")
 		phases := map[string]histogram{}
@@ -278,7 +278,7 @@ func waitFullMirror(b *testing.B, c client.Client, start time.Time, opted, perSe
 	}
 }
 
-// verbCounts counts the operator's requests by verb, with a verb/resource breakdown.
+// verbCounts counts a user's requests by verb, with a verb/resource breakdown.
 type verbCounts struct {
 	byVerb map[string]int
 	detail map[string]int
@@ -301,28 +301,30 @@ func (v verbCounts) minus(o verbCounts) verbCounts {
 
 func (v verbCounts) get(verb string) int { return v.byVerb[verb] }
 
-// auditCounts reads the audit log and counts the operator user's completed requests.
-func auditCounts(b *testing.B, path string) verbCounts {
-	b.Helper()
+// auditCounts reads the audit log and counts the completed requests of user, whether it made
+// them as itself or an admin made them impersonating it.
+func auditCounts(tb testing.TB, path, user string) verbCounts {
+	tb.Helper()
 	out := verbCounts{byVerb: map[string]int{}, detail: map[string]int{}}
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return out
 	}
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
 		var ev struct {
-			Verb      string                    `json:"verb"`
-			Stage     string                    `json:"stage"`
-			User      struct{ Username string } `json:"user"`
-			ObjectRef struct{ Resource string } `json:"objectRef"`
+			Verb             string                    `json:"verb"`
+			Stage            string                    `json:"stage"`
+			User             struct{ Username string } `json:"user"`
+			ImpersonatedUser struct{ Username string } `json:"impersonatedUser"`
+			ObjectRef        struct{ Resource string } `json:"objectRef"`
 		}
-		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.User.Username != operatorUser {
+		if json.Unmarshal(sc.Bytes(), &ev) != nil || (ev.User.Username != user && ev.ImpersonatedUser.Username != user) {
 			continue
 		}
 		if ev.Stage != "ResponseComplete" && !(ev.Verb == "watch" && ev.Stage == "ResponseStarted") {
