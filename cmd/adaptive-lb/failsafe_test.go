@@ -251,7 +251,7 @@ func TestDeployFlags_TheWatchdogAndHookFlagsExist(t *testing.T) {
 // looks stale at the first reading. Only a record seen unchanged across checks counts; a lease
 // left by an operator that is really down is still acted on, one check later.
 func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *testing.T) {
-	admin, _, _ := operatorEnv(t, nil)
+	admin, _, env := operatorEnv(t, nil)
 	ctx := context.Background()
 	now := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakePassiveClock(now)
@@ -280,7 +280,8 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 		}
 		return err == nil
 	}
-	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
+	watched := startWatchedMetadata(t, env)
+	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute, watched: watched,
 		lease:     types.NamespacedName{Namespace: operatorNamespace, Name: "adaptive-lb.adaptivelb.io"},
 		heartbeat: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
 
@@ -301,7 +302,7 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 
 	// A watchdog that starts after the operator died: the record stays as it is, and the next
 	// check deletes.
-	w2 := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
+	w2 := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute, watched: watched,
 		lease:     types.NamespacedName{Namespace: operatorNamespace, Name: "adaptive-lb.adaptivelb.io"},
 		heartbeat: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
 	w2.check(ctx)
@@ -317,7 +318,7 @@ func TestFailsafe_ClockSkewAtStartDoesNotDeleteALiveOperatorsServiceEntries(t *t
 // installation's ServiceEntries, and those without an installation label (written before the
 // label existed, see installSelectors), never the other installation's.
 func TestFailsafe_DeletesOnlyItsOwnInstallationsServiceEntries(t *testing.T) {
-	admin, _, _ := operatorEnv(t, nil)
+	admin, _, env := operatorEnv(t, nil)
 	ctx := context.Background()
 	now := time.Date(2026, 11, 23, 4, 0, 0, 0, time.UTC)
 	clk := clocktesting.NewFakePassiveClock(now)
@@ -333,11 +334,16 @@ func TestFailsafe_DeletesOnlyItsOwnInstallationsServiceEntries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Each with its Service: the heartbeat, not a Service gone, is what deletes them here.
 	serviceEntry := func(ns, name string, labels map[string]string) types.NamespacedName {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
 		se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels}}
 		se.Spec.Hosts = []string{name + "." + ns + ".svc.cluster.local"}
-		if err := admin.Create(ctx, se); err != nil {
-			t.Fatal(err)
+		for _, o := range []client.Object{svc, se} {
+			if err := admin.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
 		}
 		return client.ObjectKeyFromObject(se)
 	}
@@ -361,10 +367,15 @@ func TestFailsafe_DeletesOnlyItsOwnInstallationsServiceEntries(t *testing.T) {
 		serviceEntry("web", "not-managed", map[string]string{"team": "web"}),
 	}
 
-	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute,
+	w := &watchdog{client: admin, clock: clk, logger: logr.Discard(), staleAfter: 3 * time.Minute, watched: startWatchedMetadata(t, env),
 		lease:     types.NamespacedName{Namespace: operatorNamespace, Name: leaseName},
 		heartbeat: types.NamespacedName{Namespace: operatorNamespace, Name: lease.Name}}
 	w.check(ctx)
+	for _, key := range gone {
+		if err := admin.Get(ctx, key, &networkingv1.ServiceEntry{}); err != nil {
+			t.Fatalf("ServiceEntry %s was deleted at the first reading of the heartbeat, whose staleness is not confirmed yet: %v", key, err)
+		}
+	}
 	clk.SetTime(now.Add(15 * time.Second))
 	w.check(ctx) // the second reading confirms the stale record: the watchdog deletes
 	for _, key := range gone {

@@ -90,7 +90,12 @@ type opsCluster struct {
 const opsApp = "shop"
 
 func newOpsCluster(t testing.TB) *opsCluster {
-	admin, kubeconfig, env := operatorEnv(t, nil)
+	return newOpsClusterWith(t, nil)
+}
+
+// newOpsClusterWith is newOpsCluster with extra kube-apiserver flags.
+func newOpsClusterWith(t testing.TB, flags map[string]string) *opsCluster {
+	admin, kubeconfig, env := operatorEnvWith(t, flags, nil)
 	c := &opsCluster{t: t, ctx: context.Background(), admin: admin, kubeconfig: kubeconfig, env: env}
 	c.create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opsApp}})
 	c.create(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: opsApp}, Spec: corev1.ServiceSpec{

@@ -174,7 +174,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		vm.ImportText(b, sig.String())
 	}
 	for b.Loop() {
-		auditBefore := auditCounts(b, auditLog)
+		auditBefore := auditCounts(b, auditLog, operatorUser)
 		start := time.Now()
 		metricsAddr := freeLoopbackAddr(b)
 		// ADAPTIVELB_BENCH_SCALE_HEAPPROFILE=<file>: the operator's heap profile after sync.
@@ -194,7 +194,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		}
 		stop := func() { _ = op.Process.Signal(os.Interrupt); _ = op.Wait() }
 		startup, bigStartup := waitFullMirror(b, admin, start, opted, perService, big, 10*time.Minute)
-		atStartup := auditCounts(b, auditLog).minus(auditBefore)
+		atStartup := auditCounts(b, auditLog, operatorUser).minus(auditBefore)
 		rssStartup, _ := benchutil.ProcessMemory(strconv.Itoa(op.Process.Pid))
 		heapStartup := scrapeGauge(b, metricsAddr, "go_memstats_heap_inuse_bytes")
 		if heapProfile != "" {
@@ -205,7 +205,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		// A minute of churn on opted-in Services (ADAPTIVELB_BENCH_SCALE_RATE changes/s, 20 by
 		// default; 200 is the propagation target's rate).
 		rate := scaleSize("ADAPTIVELB_BENCH_SCALE_RATE", 20)
-		churnStart := auditCounts(b, auditLog)
+		churnStart := auditCounts(b, auditLog, operatorUser)
 		propagationBefore := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "")
 		// The propagation's two parts: the mirror's ServiceEntry writes (the API server's time and
 		// the client's rate limit), and the reconcile's wait in the operator's own work queue.
@@ -215,7 +215,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		churned, bigChurned := churn(b, admin, namespaces, step, opted, perService, bigSlices(big), rate, time.Minute)
 		cpu := childCPU().minus(cpuBefore)
 		time.Sleep(5 * time.Second) // let the last changes through
-		afterStartup := auditCounts(b, auditLog).minus(churnStart)
+		afterStartup := auditCounts(b, auditLog, operatorUser).minus(churnStart)
 		propagation := scrapeHistogram(b, metricsAddr, "adaptivelb_endpoint_propagation_seconds", "").minus(propagationBefore)
 		mirrorWrites := scrapeHistogram(b, metricsAddr, "adaptivelb_serviceentry_write_duration_seconds", "").minus(writesBefore)
 		queueWait := scrapeHistogram(b, metricsAddr, "workqueue_queue_duration_seconds", mirrorQueue).minus(queueBefore)
@@ -324,7 +324,7 @@ func waitFullMirror(b *testing.B, c client.Client, start time.Time, opted, perSe
 	}
 }
 
-// verbCounts counts the operator's requests by verb, with a verb/resource breakdown.
+// verbCounts counts a user's requests by verb, with a verb/resource breakdown.
 type verbCounts struct {
 	byVerb map[string]int
 	detail map[string]int
@@ -347,29 +347,31 @@ func (v verbCounts) minus(o verbCounts) verbCounts {
 
 func (v verbCounts) get(verb string) int { return v.byVerb[verb] }
 
-// auditCounts reads the audit log and counts the operator user's completed requests.
-func auditCounts(b *testing.B, path string) verbCounts {
-	b.Helper()
+// auditCounts reads the audit log and counts the completed requests of user, whether it made
+// them as itself or an admin made them impersonating it.
+func auditCounts(tb testing.TB, path, user string) verbCounts {
+	tb.Helper()
 	out := verbCounts{byVerb: map[string]int{}, detail: map[string]int{}}
 	f, err := os.Open(path)
 	if os.IsNotExist(err) {
 		return out
 	}
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
 		var ev struct {
-			Verb      string                    `json:"verb"`
-			Stage     string                    `json:"stage"`
-			User      struct{ Username string } `json:"user"`
-			ObjectRef struct{ Resource string } `json:"objectRef"`
-			UserAgent string                    `json:"userAgent"`
+			Verb             string                    `json:"verb"`
+			Stage            string                    `json:"stage"`
+			User             struct{ Username string } `json:"user"`
+			ImpersonatedUser struct{ Username string } `json:"impersonatedUser"`
+			ObjectRef        struct{ Resource string } `json:"objectRef"`
+			UserAgent        string                    `json:"userAgent"`
 		}
-		if json.Unmarshal(sc.Bytes(), &ev) != nil || ev.User.Username != operatorUser {
+		if json.Unmarshal(sc.Bytes(), &ev) != nil || (ev.User.Username != user && ev.ImpersonatedUser.Username != user) {
 			continue
 		}
 		if ev.Stage != "ResponseComplete" && !(ev.Verb == "watch" && ev.Stage == "ResponseStarted") {

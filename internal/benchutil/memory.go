@@ -75,3 +75,23 @@ func ProcessMemory(pid string) (rss, hwm uint64) {
 	}
 	return rss, hwm
 }
+
+// ProcessAnonymousMemory returns the resident memory (RssAnon) in bytes of the process pid that
+// is its own (heap, stacks), without the pages of its binary and libraries (RssFile), which the
+// kernel can drop and read again under a memory limit; zero where /proc is unavailable.
+func ProcessAnonymousMemory(pid string) uint64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%s/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(raw)) {
+		if value, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}

@@ -27,3 +27,13 @@ func TestProcessMemoryReadsThisProcess(t *testing.T) {
 		t.Errorf("rss %d, peak %d: want a resident set and a peak at least as large", rss, hwm)
 	}
 }
+
+func TestProcessAnonymousMemoryIsPartOfTheResidentSet(t *testing.T) {
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("no /proc here")
+	}
+	anon := ProcessAnonymousMemory("self")
+	if rss, _ := ProcessMemory("self"); anon == 0 || anon > rss {
+		t.Errorf("anonymous %d bytes, resident set %d: want some, within the resident set", anon, rss)
+	}
+}
