@@ -178,6 +178,9 @@ func (o *runOptions) validate() error {
 	if o.qps <= 0 || o.burst < 1 || o.weightQPS <= 0 || o.weightBurst < 1 || o.statusQPS <= 0 || o.statusBurst < 1 {
 		return newUsageError("--kube-api-qps, --weight-api-qps, --status-api-qps and their bursts must be positive")
 	}
+	if o.writeBudget > 0 && o.weightBurst < o.writeBudget {
+		return newUsageError("--weight-api-burst %d must be at least --write-budget %d: a cycle's weight writes go out in one burst, which istiod merges into one push", o.weightBurst, o.writeBudget)
+	}
 	if o.leaderElect && !(o.leaseDuration > o.renewDeadline && o.renewDeadline > o.retryPeriod && o.retryPeriod > 0) {
 		return newUsageError("leader election needs lease duration > renew deadline > retry period > 0 (got %v, %v, %v)", o.leaseDuration, o.renewDeadline, o.retryPeriod)
 	}

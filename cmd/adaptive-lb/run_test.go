@@ -24,13 +24,14 @@ func TestRun_RejectsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		"workers":                     {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
-		"cluster domain":              {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
-		"log level":                   {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
-		"watch namespaces":            {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
-		"leader timings":              {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
-		"latency offset":              {[]string{"run", "--tsdb-url", "http://vm:8428", "--tsdb-latency-offset", "-30s"}, "--tsdb-latency-offset: latency offset -30s must not be negative"},
-		"a check finer than a second": {[]string{"run", "--fast-check-interval", "500ms"}, "--fast-check-interval 500ms must be 0s (off) or from 1s to below 10m0s"},
+		"workers":                                 {[]string{"run", "--workers", "0"}, "--workers 0 must be between 1 and 64"},
+		"weight burst below the budget":           {[]string{"run", "--weight-api-burst", "10", "--write-budget", "50"}, "--weight-api-burst 10 must be at least --write-budget 50"},
+		"cluster domain":                          {[]string{"run", "--cluster-domain", ".local"}, `--cluster-domain ".local" must be a domain`},
+		"log level":                               {[]string{"run", "--log-level", "loud"}, `--log-level "loud" must be debug, info or error`},
+		"watch namespaces":                        {[]string{"run", "--watch-namespaces", "shop,Bad_NS"}, `--watch-namespaces: "Bad_NS" is not a namespace name`},
+		"leader timings":                          {[]string{"run", "--leader-elect", "--leader-elect-lease-duration", "5s", "--leader-elect-renew-deadline", "10s"}, "lease duration > renew deadline > retry period"},
+		"latency offset":                          {[]string{"run", "--tsdb-url", "http://vm:8428", "--tsdb-latency-offset", "-30s"}, "--tsdb-latency-offset: latency offset -30s must not be negative"},
+		"a check finer than a second":             {[]string{"run", "--fast-check-interval", "500ms"}, "--fast-check-interval 500ms must be 0s (off) or from 1s to below 10m0s"},
 		"a check as long as the longest interval": {[]string{"run", "--fast-check-interval", "10m"}, "--fast-check-interval 10m0s must be 0s (off) or from 1s to below 10m0s"},
 		"a check window shorter than a scrape":    {[]string{"run", "--fast-check-window", "10s"}, "--fast-check-window 10s must be from --tsdb-scrape-interval 15s"},
 		"a scrape interval under a second":        {[]string{"run", "--tsdb-scrape-interval", "0s"}, "--tsdb-scrape-interval 0s must be at least 1s"},

@@ -867,7 +867,10 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		r.Metrics.SetEndpointWeights(alb.Namespace, alb.Name, ws, pods)
 	}
 	status := r.mirrorStatus(alb, o, now)
-	if apiequality.Semantic.DeepEqual(&alb.Status, status) {
+	// A change still in the status queue is not in the cache: a status equal to the cache's may
+	// differ from the one about to be written (a ServiceEntry created, then deleted before its
+	// status landed), so it is handed over all the same; the write decides on the object.
+	if apiequality.Semantic.DeepEqual(&alb.Status, status) && (r.StatusQueue == nil || !r.StatusQueue.holds(key)) {
 		return 0, nil
 	}
 	// An empty ServiceEntry, or the first endpoints after none, is news the ENDPOINTS column
@@ -891,7 +894,10 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		}
 	}
 	if r.StatusQueue != nil {
-		r.StatusQueue.enqueue(key, statusChange{mutate: mutate, done: wrote})
+		// The throttle counts from the hand-over: until the write lands, further endpoint-only
+		// changes wait for it instead of piling up in the queue.
+		r.statusThrottle.wrote(key, r.Clock.Now())
+		r.StatusQueue.enqueue(key, statusChange{mutate: mutate, persist: true})
 		return 0, nil
 	}
 	writer := r.StatusClient

@@ -27,12 +27,14 @@ import (
 // one patch (coalesced per object): an object whose write lags writes once, not once per cycle.
 // A change is handed over only after the write it reports has returned, so a status written
 // from the queue never claims what did not happen; it may say it later. A write that fails is
-// retried with back-off (statusWriteRetries), then dropped with an error in the log. Writes go through
+// retried with back-off (up to 10 s): the weight path's changes statusWriteRetries times, then
+// dropped with an error in the log (its next cycle writes them again), the mirror's until they
+// are written (nothing else would). Writes go through
 // Client, which has its own client-side rate limit (and, with the chart's FlowSchema, its own
 // API Priority and Fairness level): they never take the mirror's budget.
 //
-// A queue that was never started writes nothing: without one, the reconciler and the weight
-// cycle write their statuses themselves. The queue runs on the leader only, as they do;
+// A queue handed to the reconciler or the weight cycle must be started (a manager.Runnable):
+// one that is not writes nothing. Without a queue, they write their statuses themselves. The queue runs on the leader only, as they do;
 // what is still queued when it stops is dropped, and the next leader's first cycle writes every
 // status afresh.
 type StatusQueue struct {
@@ -51,6 +53,8 @@ type StatusQueue struct {
 
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingStatus
+	// writing holds the objects whose changes are being written.
+	writing map[types.NamespacedName]bool
 	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	busy    int
 	idle    *sync.Cond
@@ -75,6 +79,10 @@ const statusWriteRetries = 5
 type statusChange struct {
 	mutate func(*adlbv1.AdaptiveLoadBalancer) bool
 	done   func(alb *adlbv1.AdaptiveLoadBalancer, wrote bool, err error)
+	// persist: the change is retried until it is written or the queue stops, never given up.
+	// The mirror's are: nothing else would write them again (a status change starts no
+	// reconcile), where the weight cycle writes its statuses again every interval.
+	persist bool
 }
 
 // pendingStatus is what waits for one object: its changes in order, and when the first came.
@@ -91,6 +99,7 @@ func (q *StatusQueue) init() {
 	defer q.mu.Unlock()
 	if q.queue == nil {
 		q.pending = map[types.NamespacedName]*pendingStatus{}
+		q.writing = map[types.NamespacedName]bool{}
 		q.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 10*time.Second))
 		q.idle = sync.NewCond(&q.mu)
 		if q.Clock == nil {
@@ -155,10 +164,12 @@ func (q *StatusQueue) writeNext(ctx context.Context) bool {
 	delete(q.pending, key)
 	q.setDepth()
 	q.busy++
+	q.writing[key] = true
 	q.mu.Unlock()
 	defer func() {
 		q.mu.Lock()
 		q.busy--
+		delete(q.writing, key)
 		q.idle.Broadcast()
 		q.mu.Unlock()
 	}()
@@ -169,7 +180,7 @@ func (q *StatusQueue) writeNext(ctx context.Context) bool {
 	writeCtx, cancel := context.WithTimeout(ctx, statusWriteTimeout)
 	defer cancel()
 	alb, wrote, err := writeStatusChanges(writeCtx, q.Client, q.Reader, key, p.changes)
-	if err != nil && ctx.Err() == nil && q.queue.NumRequeues(key) < statusWriteRetries {
+	if err != nil && ctx.Err() == nil && (q.queue.NumRequeues(key) < statusWriteRetries || persistent(p.changes)) {
 		// Retried with back-off, before whatever came since, which was decided later.
 		q.mu.Lock()
 		if later := q.pending[key]; later != nil {
@@ -178,6 +189,9 @@ func (q *StatusQueue) writeNext(ctx context.Context) bool {
 		q.pending[key] = p
 		q.setDepth()
 		q.mu.Unlock()
+		if q.queue.NumRequeues(key) >= statusWriteRetries {
+			log.FromContext(ctx).Error(err, "status write keeps failing; the endpoint mirror's status is retried until it is written", "adaptiveLoadBalancer", key, "attempts", q.queue.NumRequeues(key)+1)
+		}
 		q.queue.AddRateLimited(key)
 		return true
 	}
@@ -210,6 +224,26 @@ func writeStatusChanges(ctx context.Context, c client.Client, reader client.Read
 	}
 	wrote, err := updateStatus(ctx, c, reader, alb, applyInOrder(changes))
 	return alb, wrote, err
+}
+
+// persistent reports whether any of changes must never be given up.
+func persistent(changes []statusChange) bool {
+	for _, c := range changes {
+		if c.persist {
+			return true
+		}
+	}
+	return false
+}
+
+// holds reports whether a change of key waits in the queue or is being written: the cached
+// object does not show it yet, so a status equal to the cache's may still differ from what the
+// queue is about to write.
+func (q *StatusQueue) holds(key types.NamespacedName) bool {
+	q.init()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.pending[key] != nil || q.writing[key]
 }
 
 // applyInOrder is one mutate that applies every change in order; it asks for a write when any

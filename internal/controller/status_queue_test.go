@@ -219,8 +219,9 @@ func (lf *loopFixture) liveALB() *adlbv1.AdaptiveLoadBalancer {
 }
 
 // A status write the API server refuses is retried with back-off: a brief refusal loses nothing.
-// One that keeps failing is given up after statusWriteRetries retries, said to the change, and
-// the queue goes on (the next reconcile or cycle writes that status again).
+// The weight path's that keeps failing is given up after statusWriteRetries retries, said to the
+// change, and the queue goes on (the next cycle writes that status again); the mirror's is
+// retried until it is written.
 func TestStatusQueue_ARefusedWriteIsRetriedThenGivenUp(t *testing.T) {
 	f := newFixture(t)
 	f.service("web")
@@ -293,5 +294,15 @@ func TestStatusQueue_ARefusedWriteIsRetriedThenGivenUp(t *testing.T) {
 	defer cancel()
 	if err := q.WaitIdle(ctx); err != nil {
 		t.Fatalf("the queue kept a change it gave up: %v", err)
+	}
+
+	// The mirror's changes are never given up: nothing else would write them again.
+	held.refuse.Store(statusWriteRetries + 2)
+	outcome = make(chan error, 1)
+	mirrorChange := change("the mirror's, refused past the retries", outcome)
+	mirrorChange.persist = true
+	q.enqueue(key, mirrorChange)
+	if err := wait(outcome); err != nil {
+		t.Fatalf("a mirror status refused %d times: %v, want it written in the end", statusWriteRetries+2, err)
 	}
 }
