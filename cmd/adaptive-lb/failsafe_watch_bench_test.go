@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/adaptive-lb/adaptive-lb/internal/benchutil"
@@ -37,24 +35,12 @@ import (
 func BenchmarkFailsafeWatchMemory(b *testing.B) {
 	services := scaleSize("ADAPTIVELB_BENCH_FAILSAFE_SERVICES", 10000)
 	env, cfg := startAPIServer(b, ownCRDPath, istioCRDPath(b))
-	load := rest.CopyConfig(cfg)
-	load.QPS, load.Burst = 5000, 10000
-	scheme, err := operatorScheme()
-	if err != nil {
-		b.Fatal(err)
-	}
-	admin, err := client.New(load, client.Options{Scheme: scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
+	admin := loadGeneratorClient(b, cfg)
 	for _, ns := range []string{"team-00", "team-01", "team-02", "team-03", "team-04", "team-05", "team-06", "team-07", "team-08", "team-09", "team-empty"} {
 		mustCreate(b, admin, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
 	}
 	fillServices(b, admin, services)
-	bin := filepath.Join(b.TempDir(), "adaptive-lb")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		b.Fatalf("build adaptive-lb: %v\n%s", err, out)
-	}
+	bin := buildOperator(b, b.TempDir())
 	kubeconfig := kubeconfigFile(b, env, "")
 
 	for b.Loop() {

@@ -549,7 +549,6 @@ func (o *runOptions) runManager(ctx context.Context, cfg *rest.Config, scheme *r
 		Versions:      versions,
 		Membership:    membership,
 		Client:        mgr.GetClient(),
-		StatusClient:  statusClient,
 		StatusQueue:   statuses,
 		Scheme:        mgr.GetScheme(),
 		Recorder:      mgr.GetEventRecorderFor("adaptive-lb"),

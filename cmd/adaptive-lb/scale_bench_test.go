@@ -113,16 +113,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = env.Stop() })
-	load := rest.CopyConfig(cfg)
-	load.QPS, load.Burst = 5000, 10000
-	scheme, err := operatorScheme()
-	if err != nil {
-		b.Fatal(err)
-	}
-	admin, err := client.New(load, client.Options{Scheme: scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
+	admin := loadGeneratorClient(b, cfg)
 	ctx := context.Background()
 
 	// The cluster: nodes, namespaces, and per Service its pods (with IPs), its EndpointSlice and,
@@ -149,10 +140,7 @@ func BenchmarkScale_20kPods(b *testing.B) {
 	b.Logf("created %d pods in %d Services (%d opted in) and %d pods in the big Service in %s", services*perService, services, opted, big, time.Since(fillStart).Round(time.Second))
 
 	// The operator, built and run as its own process under its own identity.
-	bin := filepath.Join(dir, "adaptive-lb")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		b.Fatalf("build the operator: %v\n%s", err, out)
-	}
+	bin := buildOperator(b, dir)
 	kubeconfig := userKubeconfigFile(b, env, operatorUser, "")
 	// The TSDB: CPU and request rates for every opted-in pod, from two minutes ago to ten minutes
 	// ahead, so that every weight cycle of the run finds a full window.
@@ -275,6 +263,33 @@ func BenchmarkScale_20kPods(b *testing.B) {
 		b.Logf("requests at start-up by verb and resource: %v", atStartup.detail)
 		b.Logf("requests during churn by verb and resource: %v", afterStartup.detail)
 	}
+}
+
+// loadGeneratorClient is an admin client of cfg that fills a cluster fast: its rate limit is far
+// above any the operator uses.
+func loadGeneratorClient(b *testing.B, cfg *rest.Config) client.Client {
+	b.Helper()
+	load := rest.CopyConfig(cfg)
+	load.QPS, load.Burst = 5000, 10000
+	scheme, err := operatorScheme()
+	if err != nil {
+		b.Fatal(err)
+	}
+	admin, err := client.New(load, client.Options{Scheme: scheme})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return admin
+}
+
+// buildOperator builds the adaptive-lb binary into dir, to run as its own process.
+func buildOperator(b *testing.B, dir string) string {
+	b.Helper()
+	bin := filepath.Join(dir, "adaptive-lb")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		b.Fatalf("build adaptive-lb: %v\n%s", err, out)
+	}
+	return bin
 }
 
 func mustCreate(b *testing.B, c client.Client, o client.Object) {

@@ -84,16 +84,13 @@ const (
 type AdaptiveLoadBalancerReconciler struct {
 	client.Client
 	// StatusQueue writes the statuses off the reconcile's path (status_queue.go), shared with
-	// the weight cycle; nil: the reconcile writes them itself, through StatusClient.
+	// the weight cycle, through a client with a rate limit of its own; nil: the reconcile writes
+	// them itself, through Client.
 	StatusQueue *StatusQueue
-	// StatusClient writes the AdaptiveLoadBalancers' statuses when no StatusQueue does: a
-	// client with its own rate limit, so that status writes never spend the budget of the
-	// ServiceEntry writes (membership first). Nil: Client.
-	StatusClient client.Client
-	Scheme       *runtime.Scheme
-	Recorder     record.EventRecorder
-	Clock        clock.PassiveClock
-	Metrics      *Metrics
+	Scheme      *runtime.Scheme
+	Recorder    record.EventRecorder
+	Clock       clock.PassiveClock
+	Metrics     *Metrics
 	// ClusterDomain is the cluster's DNS domain (cluster.local by default).
 	ClusterDomain string
 	// MaxEndpoints is the most endpoints a Service may have mirrored (0: istio.MaxEndpoints).
@@ -888,11 +885,6 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		alb.Status = *status
 		return true
 	}
-	wrote := func(_ *adlbv1.AdaptiveLoadBalancer, wrote bool, _ error) {
-		if wrote {
-			r.statusThrottle.wrote(key, r.Clock.Now())
-		}
-	}
 	if r.StatusQueue != nil {
 		// The throttle counts from the hand-over: until the write lands, further endpoint-only
 		// changes wait for it instead of piling up in the queue.
@@ -900,15 +892,13 @@ func (r *AdaptiveLoadBalancerReconciler) writeStatus(ctx context.Context, alb *a
 		r.StatusQueue.enqueue(key, statusChange{mutate: mutate, persist: true})
 		return 0, nil
 	}
-	writer := r.StatusClient
-	if writer == nil {
-		writer = r.Client
-	}
-	written, err := updateStatus(ctx, writer, r.apiReader, alb, mutate)
+	written, err := updateStatus(ctx, r.Client, r.apiReader, alb, mutate)
 	if err != nil {
 		return 0, err
 	}
-	wrote(alb, written, nil)
+	if written {
+		r.statusThrottle.wrote(key, r.Clock.Now())
+	}
 	return 0, nil
 }
 

@@ -53,10 +53,10 @@ type StatusQueue struct {
 
 	mu      sync.Mutex
 	pending map[types.NamespacedName]*pendingStatus
-	// writing holds the objects whose changes are being written.
+	// writing holds the objects whose changes are being written (the work queue hands one
+	// object to one worker at a time).
 	writing map[types.NamespacedName]bool
 	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
-	busy    int
 	idle    *sync.Cond
 }
 
@@ -69,8 +69,8 @@ const DefaultStatusWorkers = 4
 const statusWriteTimeout = 30 * time.Second
 
 // statusWriteRetries is how many times the queue retries a failed write of one object's
-// changes, with back-off (0.1 s doubling), before it drops them: the next reconcile or cycle
-// writes that status again.
+// changes, with back-off (0.1 s doubling), before it drops them, unless one of them persists
+// (the mirror's): the weight cycle writes its statuses again at its next interval.
 const statusWriteRetries = 5
 
 // statusChange is one change of an AdaptiveLoadBalancer's status: mutate changes the object as
@@ -91,7 +91,7 @@ type pendingStatus struct {
 	since   time.Time
 }
 
-// NeedLeaderElection: only the leader's weight cycle hands changes over.
+// NeedLeaderElection: only the leader's mirror and weight cycle hand changes over.
 func (q *StatusQueue) NeedLeaderElection() bool { return true }
 
 func (q *StatusQueue) init() {
@@ -163,12 +163,10 @@ func (q *StatusQueue) writeNext(ctx context.Context) bool {
 	p := q.pending[key]
 	delete(q.pending, key)
 	q.setDepth()
-	q.busy++
 	q.writing[key] = true
 	q.mu.Unlock()
 	defer func() {
 		q.mu.Lock()
-		q.busy--
 		delete(q.writing, key)
 		q.idle.Broadcast()
 		q.mu.Unlock()
@@ -197,7 +195,7 @@ func (q *StatusQueue) writeNext(ctx context.Context) bool {
 	}
 	q.queue.Forget(key)
 	if err != nil {
-		log.FromContext(ctx).Error(err, "status write failed after retries; the next reconcile or cycle writes this AdaptiveLoadBalancer's status again", "adaptiveLoadBalancer", key)
+		log.FromContext(ctx).Error(err, "status write failed after retries; the next weight cycle writes this AdaptiveLoadBalancer's status again", "adaptiveLoadBalancer", key)
 	}
 	if q.Metrics != nil && wrote {
 		q.Metrics.Lag.Observe(q.Clock.Since(p.since).Seconds())
@@ -279,7 +277,7 @@ func (q *StatusQueue) WaitIdle(ctx context.Context) error {
 	defer stop()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.pending) > 0 || q.busy > 0 {
+	for len(q.pending) > 0 || len(q.writing) > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
 		}

@@ -132,21 +132,7 @@ func TestStatusQueue_TheCycleWritesWeightsWithoutWaitingForItsStatus(t *testing.
 // Changes to one object that wait together are applied in order and written as one patch: an
 // API server slow to answer costs one status write per object, not one per cycle.
 func TestStatusQueue_ChangesWaitingTogetherAreWrittenInOrderAsOnePatch(t *testing.T) {
-	f := newFixture(t)
-	f.service("web")
-	f.alb("web", "web")
-	key := types.NamespacedName{Namespace: f.ns, Name: "web"}
-	// The mirror's first status write, before the queue's, so that the two do not race.
-	f.eventually("the mirror's first status", func() error {
-		alb := &adlbv1.AdaptiveLoadBalancer{}
-		if err := k8s.Get(f.ctx, key, alb); err != nil {
-			return err
-		}
-		if meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored) == nil {
-			return errNotYet
-		}
-		return nil
-	})
+	_, key := newMirroredALB(t)
 	held := newHeldStatusWrites()
 	q := &StatusQueue{Client: held, Reader: k8s, Workers: 1}
 	startQueue(t, q)
@@ -174,7 +160,7 @@ func TestStatusQueue_ChangesWaitingTogetherAreWrittenInOrderAsOnePatch(t *testin
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		q.mu.Lock()
-		busy := q.busy
+		busy := len(q.writing)
 		q.mu.Unlock()
 		if busy == 1 {
 			break
@@ -223,20 +209,7 @@ func (lf *loopFixture) liveALB() *adlbv1.AdaptiveLoadBalancer {
 // change, and the queue goes on (the next cycle writes that status again); the mirror's is
 // retried until it is written.
 func TestStatusQueue_ARefusedWriteIsRetriedThenGivenUp(t *testing.T) {
-	f := newFixture(t)
-	f.service("web")
-	f.alb("web", "web")
-	key := types.NamespacedName{Namespace: f.ns, Name: "web"}
-	f.eventually("the mirror's first status", func() error {
-		alb := &adlbv1.AdaptiveLoadBalancer{}
-		if err := k8s.Get(f.ctx, key, alb); err != nil {
-			return err
-		}
-		if meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored) == nil {
-			return errNotYet
-		}
-		return nil
-	})
+	f, key := newMirroredALB(t)
 	held := newHeldStatusWrites()
 	close(held.release)
 	q := &StatusQueue{Client: held, Reader: k8s, Workers: 1}
@@ -305,4 +278,25 @@ func TestStatusQueue_ARefusedWriteIsRetriedThenGivenUp(t *testing.T) {
 	if err := wait(outcome); err != nil {
 		t.Fatalf("a mirror status refused %d times: %v, want it written in the end", statusWriteRetries+2, err)
 	}
+}
+
+// newMirroredALB is a fixture with an AdaptiveLoadBalancer web whose first status the mirror has
+// written, so that a test's own status queue does not race it.
+func newMirroredALB(t *testing.T) (*fixture, types.NamespacedName) {
+	t.Helper()
+	f := newFixture(t)
+	f.service("web")
+	f.alb("web", "web")
+	key := types.NamespacedName{Namespace: f.ns, Name: "web"}
+	f.eventually("the mirror's first status", func() error {
+		alb := &adlbv1.AdaptiveLoadBalancer{}
+		if err := k8s.Get(f.ctx, key, alb); err != nil {
+			return err
+		}
+		if meta.FindStatusCondition(alb.Status.Conditions, adlbv1.ConditionEndpointsMirrored) == nil {
+			return errNotYet
+		}
+		return nil
+	})
+	return f, key
 }
