@@ -251,7 +251,7 @@ func Run(sc *Scenario, policy string, opts Options) (*Result, error) {
 	s.groups = make([][]int32, len(sc.Pods))
 	for _, pg := range sc.Pods {
 		s.costs = append(s.costs, newCostSampler(pg.Cost))
-		s.anyLognormal = s.anyLognormal || s.costs[len(s.costs)-1].dist == costLognormal
+		s.anyLognormal = s.anyLognormal || s.costs[len(s.costs)-1].usesNormalQuantile()
 	}
 	for g, pg := range sc.Pods {
 		for i := 0; i < pg.Replicas; i++ {
@@ -524,51 +524,6 @@ func (s *simulation) refreshBalancers() {
 		for _, b := range workers {
 			b.refresh(s.hosts, ws, s.active[p], s.lbRand)
 		}
-	}
-}
-
-// costSampler turns a uniform draw into a request's cost. The draw is shared by every policy for
-// the same request, so that policies face identical work (common random numbers); each pod group
-// turns it into its own cost distribution. The distribution's constants are worked out once.
-type costSampler struct {
-	dist      costDist
-	mean      float64 // seconds
-	mu, sigma float64 // lognormal: of the cost's logarithm
-}
-
-// costDist is a cost distribution, switched on for every request: an integer, not its name.
-type costDist uint8
-
-const (
-	costLognormal costDist = iota
-	costConstant
-	costExponential
-)
-
-func newCostSampler(c Cost) costSampler {
-	cs := costSampler{mean: c.Mean.Seconds()}
-	switch c.Dist {
-	case "constant":
-		cs.dist = costConstant
-	case "exponential":
-		cs.dist = costExponential
-	default: // lognormal with the given mean and CV
-		sigma2 := math.Log(1 + c.CV*c.CV)
-		cs.mu = math.Log(cs.mean) - sigma2/2
-		cs.sigma = math.Sqrt(sigma2)
-	}
-	return cs
-}
-
-// cost is the cost for uniform draw u; z is normalQuantile(u), worked out ahead.
-func (c *costSampler) cost(u, z float64) float64 {
-	switch c.dist {
-	case costConstant:
-		return c.mean
-	case costExponential:
-		return -math.Log(1-u) * c.mean
-	default:
-		return math.Exp(c.mu + c.sigma*z)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -155,11 +156,32 @@ type PodGroup struct {
 	Events   []PodEvent `json:"events,omitempty"`
 }
 
-// Cost is the CPU time one request needs on hardware of speed 1.
+// Cost is the CPU time one request needs on hardware of speed 1: its mean and its distribution.
+// A mixture's mean is its parts' (cost.mean may be left out, or must agree with them).
 type Cost struct {
 	Mean Duration `json:"mean"`
-	Dist string   `json:"dist"` // constant | exponential | lognormal
-	CV   float64  `json:"cv,omitempty"`
+	Dist string   `json:"dist"` // constant | exponential | lognormal | gamma | mixture
+	// CV is the coefficient of variation of a lognormal or gamma cost.
+	CV    float64    `json:"cv,omitempty"`
+	Parts []CostPart `json:"parts,omitempty"`
+}
+
+// CostPart is one part of a mixture: a share of the requests whose cost has its own distribution
+// (a cache hit and a miss; the calls that wait on a slow dependency).
+type CostPart struct {
+	Share float64  `json:"share"`
+	Mean  Duration `json:"mean"`
+	Dist  string   `json:"dist"`
+	CV    float64  `json:"cv,omitempty"`
+}
+
+// mixtureMean is the mean of the parts' costs.
+func (c Cost) mixtureMean() time.Duration {
+	m := 0.0
+	for _, p := range c.Parts {
+		m += p.Share * p.Mean.Seconds()
+	}
+	return time.Duration(math.Round(m * float64(time.Second)))
 }
 
 // PodEvent changes a pod group at a simulated time: its speed (a noisy neighbour) or its
@@ -181,7 +203,8 @@ const (
 
 var (
 	lbPolicies    = []string{LBRoundRobin, LBRandom, LBLeastRequest}
-	distributions = []string{"constant", "exponential", "lognormal"}
+	distributions = []string{CostConstant, CostExponential, CostLognormal, CostGamma, CostMixture}
+	partDists     = []string{CostConstant, CostExponential, CostLognormal, CostGamma}
 	arrivals      = []string{"poisson", "constant"}
 )
 
@@ -353,6 +376,9 @@ func (s *Scenario) applyDefaults() {
 		if p.Cost.Dist == "" {
 			p.Cost.Dist = "exponential"
 		}
+		if p.Cost.Dist == CostMixture && p.Cost.Mean.Duration == 0 {
+			p.Cost.Mean = Duration{p.Cost.mixtureMean()}
+		}
 	}
 }
 
@@ -364,6 +390,73 @@ func oneOf(v string, allowed []string) bool {
 	}
 	return false
 }
+
+// validateCost checks a pod group's cost; field is its path ("pods[0].cost").
+func validateCost(c Cost, field string) error {
+	bad := func(name, format string, args ...any) error {
+		return &ScenarioError{Field: field + "." + name, Msg: fmt.Sprintf(format, args...)}
+	}
+	if !oneOf(c.Dist, distributions) {
+		return bad("dist", "%q is unknown; allowed: %s", c.Dist, strings.Join(distributions, ", "))
+	}
+	if c.Dist != CostMixture && len(c.Parts) > 0 {
+		return bad("parts", "are for dist: mixture only (dist is %q)", c.Dist)
+	}
+	if c.Dist == CostMixture {
+		if len(c.Parts) < 2 || len(c.Parts) > maxCostParts {
+			return bad("parts", "a mixture needs 2 to %d parts, each {share, mean, dist[, cv]}; got %d", maxCostParts, len(c.Parts))
+		}
+		total := 0.0
+		for j, part := range c.Parts {
+			name := fmt.Sprintf("parts[%d]", j)
+			if !(part.Share > 0 && part.Share < 1) {
+				return bad(name+".share", "%v must lie between 0 and 1 (the part's fraction of the requests)", part.Share)
+			}
+			total += part.Share
+			if err := validateCostShape(part.Mean.Duration, part.Dist, part.CV, partDists, func(n, format string, args ...any) error {
+				return bad(name+"."+n, format, args...)
+			}); err != nil {
+				return err
+			}
+		}
+		if math.Abs(total-1) > 1e-6 {
+			return bad("parts", "the shares add up to %v; they must add up to 1", total)
+		}
+		if want := c.mixtureMean(); math.Abs(c.Mean.Seconds()/want.Seconds()-1) > 0.01 {
+			return bad("mean", "%v disagrees with the parts' mean %v (the shares times the means); leave cost.mean out of a mixture, or make it agree", c.Mean.Duration, want)
+		}
+		return nil
+	}
+	return validateCostShape(c.Mean.Duration, c.Dist, c.CV, distributions, bad)
+}
+
+// maxCostParts bounds a mixture.
+const maxCostParts = 4
+
+// validateCostShape checks one distribution: its mean and, where it has one, its CV.
+func validateCostShape(mean time.Duration, dist string, cv float64, allowed []string, bad func(name, format string, args ...any) error) error {
+	if mean <= 0 {
+		return bad("mean", "%v must be a positive duration such as 2.7ms", mean)
+	}
+	if !oneOf(dist, allowed) {
+		return bad("dist", "%q is unknown here; allowed: %s", dist, strings.Join(allowed, ", "))
+	}
+	switch dist {
+	case CostLognormal, CostGamma:
+		if !(cv > 0 && cv <= maxCostVariation) {
+			return bad("cv", "%v must be above 0 and at most %v for a %s cost", cv, maxCostVariation, dist)
+		}
+	default:
+		if cv != 0 {
+			return bad("cv", "is for lognormal and gamma costs; the %s family's CV is fixed (remove cv)", dist)
+		}
+	}
+	return nil
+}
+
+// maxCostVariation bounds a cost's coefficient of variation: beyond it a gamma's shape is so small that
+// nearly every request costs nothing and a few cost everything.
+const maxCostVariation = 5
 
 func (s *Scenario) validate() error {
 	bad := func(field, format string, args ...any) error {
@@ -464,14 +557,8 @@ func (s *Scenario) validate() error {
 		if p.Speed <= 0 {
 			return bad(f("speed"), "%v must be positive (1 = reference hardware)", p.Speed)
 		}
-		if p.Cost.Mean.Duration <= 0 {
-			return bad(f("cost.mean"), "%v must be a positive duration such as 2.7ms", p.Cost.Mean.Duration)
-		}
-		if !oneOf(p.Cost.Dist, distributions) {
-			return bad(f("cost.dist"), "%q is unknown; allowed: %s", p.Cost.Dist, strings.Join(distributions, ", "))
-		}
-		if p.Cost.Dist == "lognormal" && p.Cost.CV <= 0 {
-			return bad(f("cost.cv"), "%v must be positive for a lognormal cost", p.Cost.CV)
+		if err := validateCost(p.Cost, f("cost")); err != nil {
+			return err
 		}
 		for j, ev := range p.Events {
 			g := func(name string) string { return fmt.Sprintf("pods[%d].events[%d].%s", i, j, name) }

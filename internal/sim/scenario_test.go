@@ -60,7 +60,35 @@ func TestParseScenario_RejectsBadInputWithFieldAndAllowedValues(t *testing.T) {
 		},
 		"lognormal needs a cv": {
 			yaml:      strings.Replace(validScenario, "dist: exponential", "dist: lognormal", 1),
-			wantField: "pods[0].cost.cv", wantMsg: "must be positive for a lognormal cost",
+			wantField: "pods[0].cost.cv", wantMsg: "0 must be above 0 and at most 5 for a lognormal cost",
+		},
+		"a gamma cost needs a cv": {
+			yaml:      strings.Replace(validScenario, "dist: exponential", "dist: gamma", 1),
+			wantField: "pods[0].cost.cv", wantMsg: "for a gamma cost",
+		},
+		"an exponential cost with a cv": {
+			yaml:      strings.Replace(validScenario, "dist: exponential", "dist: exponential, cv: 0.5", 1),
+			wantField: "pods[0].cost.cv", wantMsg: "the exponential family's CV is fixed (remove cv)",
+		},
+		"a mixture of one part": {
+			yaml:      strings.Replace(validScenario, "{mean: 5ms, dist: exponential}", "{dist: mixture, parts: [{share: 1, mean: 2ms, dist: exponential}]}", 1),
+			wantField: "pods[0].cost.parts", wantMsg: "a mixture needs 2 to 4 parts",
+		},
+		"a mixture whose shares do not add up to 1": {
+			yaml:      strings.Replace(validScenario, "{mean: 5ms, dist: exponential}", "{dist: mixture, parts: [{share: 0.5, mean: 1ms, dist: exponential}, {share: 0.4, mean: 9ms, dist: exponential}]}", 1),
+			wantField: "pods[0].cost.parts", wantMsg: "the shares add up to 0.9; they must add up to 1",
+		},
+		"a mixture part of an unknown family": {
+			yaml:      strings.Replace(validScenario, "{mean: 5ms, dist: exponential}", "{dist: mixture, parts: [{share: 0.5, mean: 1ms, dist: mixture}, {share: 0.5, mean: 9ms, dist: exponential}]}", 1),
+			wantField: "pods[0].cost.parts[0].dist", wantMsg: `"mixture" is unknown here; allowed: constant, exponential, lognormal, gamma`,
+		},
+		"a mixture whose mean disagrees with its parts": {
+			yaml:      strings.Replace(validScenario, "{mean: 5ms, dist: exponential}", "{mean: 3ms, dist: mixture, parts: [{share: 0.5, mean: 1ms, dist: exponential}, {share: 0.5, mean: 9ms, dist: lognormal, cv: 0.5}]}", 1),
+			wantField: "pods[0].cost.mean", wantMsg: "3ms disagrees with the parts' mean 5ms",
+		},
+		"parts without a mixture": {
+			yaml:      strings.Replace(validScenario, "{mean: 5ms, dist: exponential}", "{mean: 2ms, dist: exponential, parts: [{share: 0.5, mean: 1ms, dist: exponential}, {share: 0.5, mean: 3ms, dist: exponential}]}", 1),
+			wantField: "pods[0].cost.parts", wantMsg: `are for dist: mixture only (dist is "exponential")`,
 		},
 		"a negative probe round trip": {
 			yaml:      validScenario + "clients: {probe_rtt: -2ms}\n",
