@@ -79,7 +79,14 @@ func (r *generatedReport) passTable() string {
 		if rt.drawn.SlowedClass != "" {
 			add("a class slows down", rt.passed)
 		} else {
-			add("no slowdown", rt.passed)
+			add("no class slows down", rt.passed)
+		}
+		// The fit averages pods that came and went into constant groups: scaling is a cause of
+		// disagreement of its own.
+		if scales(rt.drawn.Scenario) {
+			add("a class scales", rt.passed)
+		} else {
+			add("no class scales", rt.passed)
 		}
 	}
 	sort.SliceStable(keys, func(i, j int) bool { return keys[i] == "all" || (keys[j] != "all" && keys[i] < keys[j]) })
@@ -126,6 +133,18 @@ func (r *generatedReport) errorTable() string {
 	slices.Sort(all)
 	row("both", all)
 	return b.String()
+}
+
+// scales says whether a class of sc changes its replicas during the run.
+func scales(sc *sim.Scenario) bool {
+	for _, p := range sc.Pods {
+		for _, ev := range p.Events {
+			if ev.Replicas != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // quantileOfSorted is the q-quantile of sorted xs, linear between order statistics.

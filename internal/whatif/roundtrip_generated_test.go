@@ -21,11 +21,11 @@ import (
 // scenarios"):
 //
 //	go test ./internal/whatif -run '^$' -bench BenchmarkWhatIfRoundTripGenerated -benchtime 1x -timeout 4h \
-//	  -args -whatif.scenarios 30 -whatif.seed 101 -whatif.keep-worst DIR
+//	  -args -whatif.scenarios 30 -whatif.seed 101 -whatif.keep-worst "$PWD/DIR"
 var (
 	generatedScenarios = flag.Int("whatif.scenarios", 4, "BenchmarkWhatIfRoundTripGenerated: how many generated scenarios to round-trip (each under two seeds)")
 	generatedSeries    = flag.Int64("whatif.seed", 101, "BenchmarkWhatIfRoundTripGenerated: the series the scenarios are drawn from")
-	generatedKeepWorst = flag.String("whatif.keep-worst", "", "BenchmarkWhatIfRoundTripGenerated: write the worst round trips to this directory as scenario files")
+	generatedKeepWorst = flag.String("whatif.keep-worst", "", "BenchmarkWhatIfRoundTripGenerated: write the worst round trips to this directory as scenario files (a relative path is taken from internal/whatif, where go test runs)")
 )
 
 // roundTripWorkers is how many round trips run at once: the simulations are CPU-bound.
