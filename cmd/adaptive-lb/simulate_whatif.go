@@ -152,7 +152,7 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 			facts = nil
 		}
 	}
-	reader := &whatif.Reader{API: api, Source: src, Labels: w.cfg.Labels, Timeout: w.cfg.QueryTimeout(), Address: address}
+	reader := &whatif.Reader{API: api, Source: src, Labels: w.cfg.Labels, Timeout: w.cfg.QueryTimeout(), Address: address, CPUQuery: w.cfg.Queries.CPU}
 	m, err := reader.Read(ctx, whatif.Window{Namespace: w.namespace, Service: w.name, End: w.end, Length: w.window, Cluster: facts})
 	if err != nil {
 		return err
@@ -244,7 +244,7 @@ func printMeasured(w io.Writer, address string, m *whatif.Measurements, md *what
 			time.Duration(g.CostSeconds*float64(time.Second)).Round(time.Microsecond), g.Speed, g.RequestRate, g.CPUCores, 100*g.Utilisation, g.P99)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "Request cost variability: CV %.2f, %s.\n", md.CV, md.CVFrom)
+	fmt.Fprintf(w, "Request costs: %s, %s.\n", md.Cost.Shape, md.Cost.From)
 	if len(md.Assumptions) > 0 {
 		fmt.Fprintln(w, "Assumed (not measured, not read from the cluster):")
 		for _, a := range md.Assumptions {

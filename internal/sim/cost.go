@@ -226,3 +226,34 @@ func gammaP(a, x float64) float64 {
 	}
 	return 1 - front*h
 }
+
+// CDF is the probability that a request's cost is at most x seconds on hardware of speed 1: the
+// distribution the scenario's draws follow, for fitting a family to measured latencies.
+func (c Cost) CDF(x float64) float64 {
+	if x <= 0 {
+		return 0
+	}
+	m := c.Mean.Seconds()
+	switch c.Dist {
+	case CostConstant:
+		if x >= m {
+			return 1
+		}
+		return 0
+	case CostExponential:
+		return -math.Expm1(-x / m)
+	case CostGamma:
+		shape := 1 / (c.CV * c.CV)
+		return gammaP(shape, x*shape/m)
+	case CostMixture:
+		p := 0.0
+		for _, part := range c.Parts {
+			p += part.Share * Cost{Mean: part.Mean, Dist: part.Dist, CV: part.CV}.CDF(x)
+		}
+		return p
+	default: // lognormal
+		sigma2 := math.Log(1 + c.CV*c.CV)
+		mu := math.Log(m) - sigma2/2
+		return 0.5 * math.Erfc(-(math.Log(x)-mu)/math.Sqrt(2*sigma2))
+	}
+}

@@ -30,9 +30,8 @@ type Model struct {
 	ClientLatency sim.Histogram
 	// Current is the policy in force over the window.
 	Current Policy
-	// CV is the request-cost variability, and CVFrom says how it was found.
-	CV     float64
-	CVFrom string
+	// Cost is the request-cost shape (family and parameters) and how each candidate fitted.
+	Cost CostFit
 	// Assumptions lists, in words, every fact that was assumed rather than measured or read.
 	Assumptions []string
 	// Notes are facts worth telling that change nothing.
@@ -66,8 +65,18 @@ type Group struct {
 	Utilisation float64
 	// Rates is the group's mean rate per pod in each step, NaN where none served.
 	Rates []float64
+	// SpeedSteps, for a group whose speed changed during the window, is its speed from each
+	// change on (the first at the window's start); empty for a group of steady speed.
+	SpeedSteps []SpeedStep
 
 	limitOrigin, coresOrigin Origin
+}
+
+// SpeedStep is a group's speed from a time on.
+type SpeedStep struct {
+	// At is the offset from the window's start.
+	At    time.Duration
+	Speed float64
 }
 
 // Policy is a balancing policy the way the simulator runs it.
@@ -120,8 +129,7 @@ func Fit(m *Measurements, opts Options) (*Model, error) {
 		return nil, err
 	}
 	md.current(m)
-	cv, how := fitCV(md, opts.Seed)
-	md.CV, md.CVFrom = cv, how
+	md.Cost = fitCost(md, opts.Seed)
 	data, err := md.renderYAML(m, opts.Seed)
 	if err != nil {
 		return nil, err
@@ -170,15 +178,24 @@ func (md *Model) group(m *Measurements) error {
 		p    *PodMeasurement
 		cost float64
 	}
-	var measured []costed
+	steps := len(m.Load)
+	var measured, changing []costed
 	var unmeasured []*PodMeasurement
+	profiles := map[*PodMeasurement][]costBlock{}
 	for i := range m.Pods {
 		p := &m.Pods[i]
-		if p.RequestRate > 0 && p.CPUCores > 0 {
-			measured = append(measured, costed{p, p.CPUCores / p.RequestRate})
-		} else {
+		switch {
+		case !(p.RequestRate > 0 && p.CPUCores > 0):
 			unmeasured = append(unmeasured, p)
+		case speedChanges(costBlocks([]*PodMeasurement{p}, steps, m.Step)):
+			profiles[p] = costBlocks([]*PodMeasurement{p}, steps, m.Step)
+			changing = append(changing, costed{p, p.CPUCores / p.RequestRate})
+		default:
+			measured = append(measured, costed{p, p.CPUCores / p.RequestRate})
 		}
+	}
+	if len(measured) == 0 && len(changing) > 0 {
+		measured, changing = changing, nil // every pod changed alike: nothing steady to set apart
 	}
 	if len(measured) == 0 {
 		return fmt.Errorf("%w: no pod of Service %s/%s has both CPU and requests between %s and %s, so no cost per request can be measured",
@@ -217,6 +234,24 @@ func (md *Model) group(m *Measurements) error {
 		}
 		md.addPod(g, c.p)
 	}
+	// A pod whose speed changed joins a group of pods of its shape that changed alike, step by
+	// step, never a steady one.
+	changed := map[*Group]bool{}
+	for _, c := range changing {
+		var g *Group
+		for _, cand := range groups {
+			if changed[cand] && cand.CPULimit == limitOf(c.p) && cand.Cores == c.p.NodeCores && sameProfile(profiles[podByName(m, cand.Pods[0])], profiles[c.p], steps) {
+				g = cand
+				break
+			}
+		}
+		if g == nil {
+			g = &Group{CPULimit: limitOf(c.p), HasCPULimit: c.p.HasCPULimit, Cores: c.p.NodeCores, limitOrigin: c.p.CPULimitOrigin, coresOrigin: c.p.NodeCoresOrigin}
+			groups = append(groups, g)
+			changed[g] = true
+		}
+		md.addPod(g, c.p)
+	}
 	// A pod without CPU or requests joins the largest group of its shape, or the largest.
 	joined := map[*PodMeasurement]*Group{}
 	for _, p := range unmeasured {
@@ -245,6 +280,15 @@ func (md *Model) group(m *Measurements) error {
 	}
 	sort.SliceStable(groups, func(i, j int) bool { return groups[i].CostSeconds < groups[j].CostSeconds })
 	for _, g := range groups {
+		if changed[g] {
+			var pods []*PodMeasurement
+			for _, name := range g.Pods {
+				pods = append(pods, podByName(m, name))
+			}
+			if st := speedSteps(costBlocks(pods, steps, m.Step), minCost, m.Step); len(st) > 1 {
+				g.SpeedSteps = st
+			}
+		}
 		g.Speed = minCost / g.CostSeconds
 		g.P99 = quantile(g.Latency, 0.99)
 		capacity := g.Cores

@@ -57,8 +57,9 @@ type PodMeasurement struct {
 	CPUCores, RequestRate float64
 	// Coverage is the fraction of the stretch's steps in which the pod served.
 	Coverage float64
-	// Rates is the pod's request rate per step of Measurements.Load, NaN where it had none.
-	Rates []float64
+	// Rates is the pod's request rate per step of Measurements.Load, NaN where it had none;
+	// CPUs its CPU (cores) per step, NaN where it has no value.
+	Rates, CPUs []float64
 	// Latency is the pod's server-side latency histogram over the stretch.
 	Latency sim.Histogram
 

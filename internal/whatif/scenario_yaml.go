@@ -92,16 +92,29 @@ func (md *Model) renderYAML(m *Measurements, seed int64) ([]byte, error) {
 			limitNote = "cluster: the pods have no CPU limit"
 		}
 		y.field(in, "cpu_limit", num(g.CPULimit), limitNote)
-		y.field(in, "speed", num(g.Speed), fmt.Sprintf("measured: the cheapest group's cost per request (%s) over this group's (%s)", seconds(md.Groups[0].CostSeconds), seconds(g.CostSeconds)))
-		y.key(in, "cost")
-		y.field(in+1, "mean", seconds(md.Groups[0].CostSeconds), "measured: CPU-seconds per request of the cheapest group (cAdvisor CPU over Istio requests)")
-		y.field(in+1, "dist", "lognormal", "assumed: request costs are lognormal")
-		y.field(in+1, "cv", num(md.CV), md.CVFrom)
+		if len(g.SpeedSteps) > 0 {
+			y.field(in, "speed", num(g.SpeedSteps[0].Speed), fmt.Sprintf("measured: the cheapest group's cost per request (%s) over this group's in the window's first steps; it changed during the window (%s on average)", seconds(md.Groups[0].CostSeconds), num(g.Speed)))
+		} else {
+			y.field(in, "speed", num(g.Speed), fmt.Sprintf("measured: the cheapest group's cost per request (%s) over this group's (%s)", seconds(md.Groups[0].CostSeconds), seconds(g.CostSeconds)))
+		}
+		shapeNote := "measured: " + md.Cost.From
+		if md.Cost.Assumed {
+			shapeNote = "assumed: no histogram to fit the family to"
+		}
+		y.comment("    cost: the cheapest group's CPU-seconds per request (cAdvisor CPU over Istio requests), measured;")
+		y.comment("    its distribution %s, %s", md.Cost.Shape, shapeNote)
+		y.field(in, "cost", costYAML(md.Cost.Shape.Cost(secondsDuration(md.Groups[0].CostSeconds))), "")
+		if len(g.SpeedSteps) > 1 {
+			y.keyComment(in, "events", "measured: the group's speed changed; its CPU per request in each stretch of the window")
+			for _, st := range g.SpeedSteps[1:] {
+				y.line(in+1, fmt.Sprintf("- {at: %s, speed: %s}", seconds(md.Warmup.Seconds()+st.At.Seconds()), num(st.Speed)), "")
+			}
+		}
 	}
 	if workersAssumed {
 		md.assume("a pod serves as many requests at once as its node has CPUs, and queues the rest")
 	}
-	md.assume("request costs are lognormal, with one coefficient of variation for the whole Service")
+	md.assume("one request-cost distribution for the whole Service (hardware divides every request's cost by its speed)")
 	for i := range m.Pods {
 		if m.Pods[i].Coverage < 0.9 {
 			md.Notes = append(md.Notes, "pods joined or left during the window: each group holds its average number of pods throughout")

@@ -34,6 +34,9 @@ type Reader struct {
 	Timeout time.Duration
 	// Address names the TSDB in messages.
 	Address string
+	// CPUQuery is the operator's CPU query template (--tsdb-query-cpu), read per step to follow
+	// a speed that changes during the window; metrics.DefaultCPUQuery when empty.
+	CPUQuery string
 }
 
 // Window is the stretch of time to read a Service over.
@@ -242,6 +245,9 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 	if batch.Observations == nil {
 		return fmt.Errorf("reading the pods' CPU, rate and latency from %s: %w", q.r.Address, fetchErr)
 	}
+	if err := q.readCPUPerStep(m, names, steps); err != nil {
+		return err
+	}
 	var noCPU, noHistogram []string
 	for i, obs := range batch.Observations {
 		p := &m.Pods[i]
@@ -278,6 +284,38 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 		return err
 	}
 	m.ServerLatency.SumMS = sum
+	return nil
+}
+
+// readCPUPerStep reads each pod's CPU in each step through the operator's CPU query, so that a
+// speed that changes during the window can be seen in the CPU per request of each step.
+func (q *queries) readCPUPerStep(m *Measurements, names []string, steps int) error {
+	text := q.r.CPUQuery
+	if text == "" {
+		text = metrics.DefaultCPUQuery
+	}
+	query, err := metrics.RenderQuery("cpu", text, metrics.NewTemplateData([]string{m.Namespace}, podRegex(names), m.Step, q.r.Labels))
+	if err != nil {
+		return err
+	}
+	mat, err := q.rangeQuery(query, m.From.Add(m.Step), m.To, m.Step)
+	if err != nil {
+		return err
+	}
+	byName := map[string][]float64{}
+	for _, s := range mat {
+		byName[string(s.Metric[model.LabelName(q.r.Labels.Pod)])] = valuesPerStep(s.Values, m.From, m.Step, steps)
+	}
+	for i := range m.Pods {
+		p := &m.Pods[i]
+		p.CPUs = byName[p.Name]
+		if p.CPUs == nil {
+			p.CPUs = make([]float64, steps)
+			for k := range p.CPUs {
+				p.CPUs[k] = math.NaN()
+			}
+		}
+	}
 	return nil
 }
 
