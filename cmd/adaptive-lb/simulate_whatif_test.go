@@ -180,7 +180,7 @@ func TestSimulateFromTSDB_BadInputGetsAClearMessageAndNoPrediction(t *testing.T)
 		"a Service without a mesh":                     {"plain/web", []string{"the Service is not in the mesh", "none runs an istio-proxy sidecar", "istio-injection=enabled"}},
 		"missing CPU limits":                           {"nolimits/web", []string{"CPU limits unknown", "fast-0", "--kubeconfig", "kube_pod_container_resource_limits"}},
 		"mixed Istio versions":                         {"mixed/web", []string{"different Istio metric names", "fast-0 report istio_request_duration_seconds", "11 other pod(s)"}},
-		"a model that disagrees with the measurements": {"rr/web", []string{"the model does not reproduce the measurements under least_request, so no gain is predicted", "the p99 of group outlier is"}},
+		"a model that disagrees with the measurements": {"rr/web", []string{"the model does not reproduce the measurements under least_request, so no gain is predicted", "the p99 of group outlier is", "Suspected: the split of requests between groups: group outlier ran at 100% of its CPU and queued far longer than simulated", "so the clients' balancer, least_request, is not what the real clients did: pass --kubeconfig"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

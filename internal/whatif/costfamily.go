@@ -99,7 +99,9 @@ func costYAML(c sim.Cost) string {
 	return fmt.Sprintf("{dist: mixture, parts: [%s]}", strings.Join(parts, ", "))
 }
 
-func secondsDuration(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }
+func secondsDuration(s float64) time.Duration {
+	return time.Duration(math.Round(s * float64(time.Second)))
+}
 
 // CostCandidate is one family as fitted, and how well it explains the histograms.
 type CostCandidate struct {

@@ -36,6 +36,9 @@ type Model struct {
 	Assumptions []string
 	// Notes are facts worth telling that change nothing.
 	Notes []string
+
+	// balancerFrom says where the clients' balancer came from.
+	balancerFrom Origin
 }
 
 // Group is a set of pods with the same CPU limit, node CPU count and cost per request (within
@@ -129,6 +132,7 @@ func Fit(m *Measurements, opts Options) (*Model, error) {
 		return nil, err
 	}
 	md.current(m)
+	md.balancerFrom = m.Clients.LBOrigin
 	md.Cost = fitCost(md, opts.Seed)
 	data, err := md.renderYAML(m, opts.Seed)
 	if err != nil {

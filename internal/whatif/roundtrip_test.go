@@ -202,7 +202,7 @@ func speedEvents(pg *sim.PodGroup) []sim.PodEvent {
 func compareSpeedSteps(t *testing.T, orig *sim.Scenario, pg *sim.PodGroup, g Group, minCost float64) (worst float64) {
 	t.Helper()
 	if len(speedEvents(pg)) == 0 {
-		t.Errorf("group %s: fitted speed steps %s, but its speed never changes", g.Name, speedStepsText(g.SpeedSteps))
+		t.Errorf("group %s: fitted speed steps %s, but its speed never changes", g.Name, SpeedStepsText(g.SpeedSteps))
 		return math.Inf(1)
 	}
 	if len(g.SpeedSteps) == 0 {

@@ -114,8 +114,8 @@ func speedSteps(blocks []costBlock, cheapest float64, step time.Duration) []Spee
 	return out
 }
 
-// speedStepsText describes a group's speed steps.
-func speedStepsText(steps []SpeedStep) string {
+// SpeedStepsText describes a group's speed steps.
+func SpeedStepsText(steps []SpeedStep) string {
 	s := ""
 	for i, st := range steps {
 		if i > 0 {
