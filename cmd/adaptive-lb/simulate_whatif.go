@@ -275,13 +275,13 @@ func printMeasured(w io.Writer, address string, m *whatif.Measurements, md *what
 	fmt.Fprintf(w, "Request costs: %s, %s.\n", md.Cost.Shape, md.Cost.From)
 	if len(md.Cost.Candidates) > 0 {
 		fmt.Fprintln(w, "How each family fitted (log-likelihood of the measured buckets under the simulated pods; the score takes ½·ln(requests) off per parameter, and the highest wins):")
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, c := range md.Cost.Candidates {
 			chosen := ""
 			if c.Shape == md.Cost.Shape {
 				chosen = "chosen"
 			}
-			fmt.Fprintf(tw, "  \t%s\tlog-likelihood %.0f\tscore %.0f\t%s\t\n", c.Shape, c.LogLikelihood, c.Score, chosen)
+			fmt.Fprintf(tw, "  %s\tlog-likelihood %.0f\tscore %.0f\t%s\n", c.Shape, c.LogLikelihood, c.Score, chosen)
 		}
 		_ = tw.Flush()
 	}
