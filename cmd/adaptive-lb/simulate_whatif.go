@@ -279,9 +279,9 @@ func printMeasured(w io.Writer, address string, m *whatif.Measurements, md *what
 		for _, c := range md.Cost.Candidates {
 			chosen := ""
 			if c.Shape == md.Cost.Shape {
-				chosen = "chosen"
+				chosen = "  chosen"
 			}
-			fmt.Fprintf(tw, "  %s\tlog-likelihood %.0f\tscore %.0f\t%s\n", c.Shape, c.LogLikelihood, c.Score, chosen)
+			fmt.Fprintf(tw, "  %s\tlog-likelihood %.0f\tscore %.0f%s\n", c.Shape, c.LogLikelihood, c.Score, chosen)
 		}
 		_ = tw.Flush()
 	}
