@@ -268,6 +268,9 @@ func printMeasured(w io.Writer, address string, m *whatif.Measurements, md *what
 	}
 	_ = tw.Flush()
 	for _, g := range md.Groups {
+		if len(g.ReplicaSteps) > 0 {
+			fmt.Fprintf(w, "Group %s's pods serving changed in number during the window: %s.\n", g.Name, whatif.ReplicaStepsText(g.ReplicaSteps))
+		}
 		if len(g.SpeedSteps) > 0 {
 			fmt.Fprintf(w, "Group %s's speed changed during the window (its CPU per request, stretch by stretch): %s.\n", g.Name, whatif.SpeedStepsText(g.SpeedSteps))
 		}

@@ -68,6 +68,9 @@ type Group struct {
 	Utilisation float64
 	// Rates is the group's mean rate per pod in each step, NaN where none served.
 	Rates []float64
+	// ReplicaSteps, for a group whose number of pods changed during the window, is that number
+	// from each change on (the first at the window's start); empty when it held.
+	ReplicaSteps []ReplicaStep
 	// SpeedSteps, for a group whose speed changed during the window, is its speed from each
 	// change on (the first at the window's start); empty for a group of steady speed.
 	SpeedSteps []SpeedStep
@@ -271,6 +274,7 @@ func (md *Model) group(m *Measurements) error {
 		joined[p] = best
 	}
 	for _, g := range groups {
+		g.windowAverages(m, steps)
 		g.CostSeconds = g.CPUCores / g.RequestRate
 		if g.CPUCores <= 0 || g.RequestRate <= 0 {
 			g.CostSeconds = math.NaN()
@@ -306,6 +310,13 @@ func (md *Model) group(m *Measurements) error {
 		}
 		g.MeanPods = coverage
 		g.Replicas = max(1, int(math.Round(coverage)))
+		var pods []*PodMeasurement
+		for _, name := range g.Pods {
+			pods = append(pods, podByName(m, name))
+		}
+		if st := replicaSteps(pods, steps, m.Step); st != nil {
+			g.ReplicaSteps, g.Replicas = st, st[0].Replicas
+		}
 		g.Rates = meanRates(m, g.Pods)
 		slices.Sort(g.InstanceTypes)
 		g.InstanceTypes = slices.Compact(g.InstanceTypes)
@@ -318,6 +329,38 @@ func (md *Model) group(m *Measurements) error {
 		md.Groups = append(md.Groups, *g)
 	}
 	return nil
+}
+
+// windowAverages sets the group's CPU and request rate to the mean over the window's steps of
+// its pods' per-step values, where every pod has them. A pod that served part of the window then
+// counts for that part: over the whole window, VictoriaMetrics' rate() of a series that starts
+// or ends inside it is its rate while it existed, which would count a pod added half-way as if
+// it had served throughout.
+func (g *Group) windowAverages(m *Measurements, steps int) {
+	if steps == 0 {
+		return
+	}
+	cpu, rate := 0.0, 0.0
+	for _, name := range g.Pods {
+		p := podByName(m, name)
+		if len(p.CPUs) != steps || len(p.Rates) != steps || !(p.CPUCores > 0) {
+			return
+		}
+		measuredCPU := false
+		for k := range steps {
+			if !math.IsNaN(p.CPUs[k]) {
+				cpu += p.CPUs[k]
+				measuredCPU = true
+			}
+			if !math.IsNaN(p.Rates[k]) {
+				rate += p.Rates[k]
+			}
+		}
+		if !measuredCPU {
+			return
+		}
+	}
+	g.CPUCores, g.RequestRate = cpu/float64(steps), rate/float64(steps)
 }
 
 func (md *Model) addPod(g *Group, p *PodMeasurement) {

@@ -42,6 +42,7 @@ var roundTripScenarios = []struct {
 	// by step while the load rises.
 	{"exponential costs on two generations", "whatif-exponential-two-gens.yaml"},
 	{"two pods slowing step by step", "whatif-neighbour-slows-two-pods.yaml"},
+	{"a scale-out during a flash crowd", "flash-crowd-scale-out.yaml"},
 }
 
 func loadBenchScenario(t testing.TB, file string) *sim.Scenario {

@@ -59,3 +59,29 @@ func TestSpeedSteps_NoiseAndSparseStepsAreNotAChange(t *testing.T) {
 		t.Errorf("a pod with too few requests to measure a stretch counted as changing: %+v", blocks)
 	}
 }
+
+// servingPod serves 10 rps in the steps [from, to) of a window of n steps.
+func servingPod(from, to, n int) *PodMeasurement {
+	p := &PodMeasurement{}
+	for k := range n {
+		r := math.NaN()
+		if k >= from && k < to {
+			r = 10
+		}
+		p.Rates = append(p.Rates, r)
+	}
+	return p
+}
+
+func TestReplicaSteps_AScaleIsFittedAndARollingRestartIsNot(t *testing.T) {
+	const step = 30 * time.Second
+	// Two pods throughout, a third from step 6: a scale-out.
+	got := replicaSteps([]*PodMeasurement{servingPod(0, 12, 12), servingPod(0, 12, 12), servingPod(6, 12, 12)}, 12, step)
+	if len(got) != 2 || got[0] != (ReplicaStep{0, 2}) || got[1] != (ReplicaStep{3 * time.Minute, 3}) {
+		t.Errorf("scale-out: %s, want 2 from 0s, 3 from 3m0s", ReplicaStepsText(got))
+	}
+	// A pod replaced at step 5, both serving in that step: no scale.
+	if got := replicaSteps([]*PodMeasurement{servingPod(0, 12, 12), servingPod(0, 6, 12), servingPod(5, 12, 12)}, 12, step); got != nil {
+		t.Errorf("rolling restart fitted as a scale: %s", ReplicaStepsText(got))
+	}
+}

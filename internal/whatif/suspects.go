@@ -73,6 +73,10 @@ func (md *Model) suspectCPU(g *Group, row CheckRow) string {
 		return fmt.Sprintf("group %s's speed changed during the window (%s) faster than the fit's stretches of %d requests resolve: measure its CPU per request (rate(container_cpu_usage_seconds_total) over rate(istio_requests_total), per pod) at a finer step, or fit a window in which its speed holds, and correct the events of the written scenario",
 			g.Name, SpeedStepsText(g.SpeedSteps), minBlockRequests)
 	}
+	if len(g.ReplicaSteps) > 0 {
+		return fmt.Sprintf("group %s's pods came and went during the window (%s): a pod that joins mid-step counts from its step on, and a new pod starts cold. Fit a window without the scaling, or correct the replicas events of the written scenario",
+			g.Name, ReplicaStepsText(g.ReplicaSteps))
+	}
 	if g.MeanPods < float64(len(g.Pods))-0.5 {
 		return fmt.Sprintf("group %s's pods did not all serve the whole window (%.1f on average of %d): the scenario holds %d throughout. Fit a window without the rollout or scaling, or set the group's replicas events in the written scenario",
 			g.Name, g.MeanPods, len(g.Pods), g.Replicas)
