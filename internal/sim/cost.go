@@ -59,13 +59,17 @@ func newCostSampler(c Cost) costSampler {
 		cs.scale = cs.mean / shape
 	case CostMixture:
 		cs.dist = costMixture
+		total := 0.0
+		for _, p := range c.Parts {
+			total += p.Share
+		}
 		acc := 0.0
 		for _, p := range c.Parts {
 			cs.parts = append(cs.parts, newCostSampler(Cost{Mean: p.Mean, Dist: p.Dist, CV: p.CV}))
-			acc += p.Share
+			acc += p.Share / total // shares add up to 1 within rounding
 			cs.cumFrac = append(cs.cumFrac, acc)
 		}
-		cs.cumFrac[len(cs.cumFrac)-1] = 1 // shares sum to 1 within rounding
+		cs.cumFrac[len(cs.cumFrac)-1] = 1
 	default: // lognormal with the given mean and CV
 		sigma2 := math.Log(1 + c.CV*c.CV)
 		cs.mu = math.Log(cs.mean) - sigma2/2

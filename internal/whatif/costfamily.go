@@ -3,6 +3,7 @@ package whatif
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,6 +48,8 @@ func (s CostShape) Cost(mean time.Duration) sim.Cost {
 	case sim.CostExponential:
 		return sim.Cost{Mean: sim.Duration{Duration: mean}, Dist: sim.CostExponential}
 	case sim.CostMixture:
+		// Shares as a scenario file holds them (four decimals), so the file and the fit agree.
+		s.SlowShare = math.Round(s.SlowShare*10000) / 10000
 		fast := mean.Seconds() / (1 - s.SlowShare + s.SlowShare*s.SlowRatio)
 		return sim.Cost{Mean: sim.Duration{Duration: mean}, Dist: sim.CostMixture, Parts: []sim.CostPart{
 			{Share: 1 - s.SlowShare, Mean: sim.Duration{Duration: secondsDuration(fast)}, Dist: sim.CostGamma, CV: s.CV},
@@ -94,7 +97,7 @@ func costYAML(c sim.Cost) string {
 	}
 	var parts []string
 	for _, p := range c.Parts {
-		parts = append(parts, fmt.Sprintf("{share: %s, %s}", num(p.Share), one(p.Mean.Duration, p.Dist, p.CV)))
+		parts = append(parts, fmt.Sprintf("{share: %s, %s}", strconv.FormatFloat(math.Round(p.Share*10000)/10000, 'f', -1, 64), one(p.Mean.Duration, p.Dist, p.CV)))
 	}
 	return fmt.Sprintf("{dist: mixture, parts: [%s]}", strings.Join(parts, ", "))
 }
@@ -152,7 +155,7 @@ func fitCostShape(calib []*Group, step time.Duration, seed int64) CostFit {
 		s := analyticFit(calib, family)
 		ll := simulated(s)
 		if family != sim.CostExponential {
-			s, ll = refineCV(s, ll, simulated)
+			s, ll = refineBySimulation(s, ll, simulated)
 		}
 		penalty := 0.5 * float64(s.params()) * math.Log(math.Max(requests, 2))
 		fit.Candidates[i] = CostCandidate{Shape: s, LogLikelihood: ll, Score: ll - penalty}
@@ -167,19 +170,56 @@ func fitCostShape(calib []*Group, step time.Duration, seed int64) CostFit {
 	return fit
 }
 
-// refineCV searches the shape's CV between two thirds and one and a half times the first fit's,
-// by golden section on log CV against the simulated score.
-func refineCV(s CostShape, ll float64, score func(CostShape) float64) (CostShape, float64) {
-	at := func(logCV float64) CostShape {
+// refineBySimulation refines the shape's parameters against the simulated score: its CV between
+// two thirds and one and a half times the first fit's, and a mixture's cost ratio too (its tail,
+// which the coarse buckets above the p99 leave least certain).
+func refineBySimulation(s CostShape, ll float64, score func(CostShape) float64) (CostShape, float64) {
+	s, ll = goldenSection(s, ll, paramCV, 1.5, 4, score)
+	if s.Family == sim.CostMixture {
+		s, ll = goldenSection(s, ll, paramRatio, 1.5, 4, score)
+	}
+	s.CV = math.Round(s.CV*100) / 100
+	return s, ll
+}
+
+// A shape's parameter, searched on a scale where equal steps are equal changes: the logarithm of
+// the CV and of the ratio, the logit of the share.
+type shapeParam struct {
+	get func(CostShape) float64
+	set func(*CostShape, float64)
+}
+
+var (
+	paramCV = shapeParam{
+		get: func(s CostShape) float64 { return math.Log(s.CV) },
+		set: func(s *CostShape, x float64) { s.CV = math.Min(math.Exp(x), maxFittedCV) },
+	}
+	paramRatio = shapeParam{
+		get: func(s CostShape) float64 { return math.Log(s.SlowRatio) },
+		set: func(s *CostShape, x float64) { s.SlowRatio = math.Min(math.Max(math.Exp(x), 1.2), 100) },
+	}
+	paramShare = shapeParam{
+		get: func(s CostShape) float64 { return math.Log(s.SlowShare / (1 - s.SlowShare)) },
+		set: func(s *CostShape, x float64) { s.SlowShare = math.Min(math.Max(1/(1+math.Exp(-x)), 0.005), 0.6) },
+	}
+	mixtureParams = []shapeParam{paramRatio, paramShare, paramCV}
+)
+
+// goldenSection maximises score over one parameter, between the current value divided and
+// multiplied by span (on the parameter's scale: ± ln span), in rounds golden-section steps; it
+// returns the best shape seen, the current one included.
+func goldenSection(s CostShape, best float64, p shapeParam, span float64, rounds int, score func(CostShape) float64) (CostShape, float64) {
+	at := func(x float64) CostShape {
 		t := s
-		t.CV = math.Min(math.Exp(logCV), maxFittedCV)
+		p.set(&t, x)
 		return t
 	}
-	lo, hi := math.Log(s.CV/1.5), math.Log(s.CV*1.5)
+	x0 := p.get(s)
+	lo, hi := x0-math.Log(span), x0+math.Log(span)
 	const phi = 0.6180339887498949
 	a, b := hi-phi*(hi-lo), lo+phi*(hi-lo)
 	fa, fb := score(at(a)), score(at(b))
-	for range 4 {
+	for range rounds {
 		if fa > fb {
 			hi, b, fb = b, a, fa
 			a = hi - phi*(hi-lo)
@@ -190,13 +230,13 @@ func refineCV(s CostShape, ll float64, score func(CostShape) float64) (CostShape
 			fb = score(at(b))
 		}
 	}
+	out := s
 	for _, c := range []struct{ x, f float64 }{{a, fa}, {b, fb}} {
-		if c.f > ll {
-			s, ll = at(c.x), c.f
+		if c.f > best {
+			out, best = at(c.x), c.f
 		}
 	}
-	s.CV = math.Round(s.CV*100) / 100
-	return s, ll
+	return out, best
 }
 
 // maxFittedCV bounds a fitted CV within what the scenario format accepts.
@@ -227,10 +267,16 @@ func analyticFit(calib []*Group, family string) CostShape {
 				}
 			}
 		}
+		// Between the grid's points, one parameter at a time, a few rounds.
+		for range 3 {
+			for _, p := range mixtureParams {
+				best, bestLL = goldenSection(best, bestLL, p, 1.5, 8, ll)
+			}
+		}
 		return best
 	}
 	best, bestLL := CostShape{}, math.Inf(-1)
-	for cv := 0.1; cv <= maxFittedCV; cv *= 1.08 {
+	for cv := 0.1; cv <= maxFittedCV; cv *= 1.04 {
 		s := CostShape{Family: family, CV: cv}
 		if l := ll(s); l > bestLL {
 			best, bestLL = s, l
