@@ -109,9 +109,10 @@ func secondsDuration(s float64) time.Duration {
 // CostCandidate is one family as fitted, and how well it explains the histograms.
 type CostCandidate struct {
 	Shape CostShape
-	// LogLikelihood of the measured bucket counts under the simulated histograms; Score is it
-	// less the BIC penalty for the shape's parameters (½·ln(requests) each). The highest Score
-	// wins.
+	// LogLikelihood of the measured bucket counts under the simulated histograms, the counts
+	// weighted down to as many requests as the calibration simulated (its shares are no surer
+	// than that, and its own noise must not pass for evidence); Score is it less the BIC penalty
+	// for the shape's parameters (½·ln(requests) each). The highest Score wins.
 	LogLikelihood, Score float64
 }
 
@@ -139,7 +140,7 @@ var assumedShape = CostShape{Family: sim.CostLognormal, CV: 1}
 func fitCostShape(calib []*Group, step time.Duration, seed int64) CostFit {
 	requests := 0.0
 	for _, g := range calib {
-		requests += g.Latency.Count()
+		requests += math.Min(g.Latency.Count(), calibrationResolution(g, step))
 	}
 	fit := CostFit{Requests: requests}
 	simulated := func(s CostShape) float64 {

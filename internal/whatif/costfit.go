@@ -31,22 +31,39 @@ const minCalibrationRequests = 200
 // step keeping its rate.
 const maxCalibrationRequests = 150_000
 
-// fitCost chooses the cost shape, and says how it was found.
-func fitCost(md *Model, seed int64) CostFit {
-	usable := func(g *Group) bool {
-		return g.Latency.Count() >= minCalibrationRequests && g.CostSeconds > 0 && len(g.SpeedSteps) == 0
-	}
-	var calib []*Group
+// fitCost chooses the cost shape, and says how it was found. Each group calibrates over the
+// whole window where it ran below lowUtilisation, else over the window's calmest stretch where it
+// did there; when none did either, the least loaded of them calibrates alone.
+func fitCost(md *Model, calm *Stretch, seed int64) CostFit {
+	var calib, all []*Group
 	for i := range md.Groups {
-		if g := &md.Groups[i]; g.Utilisation < lowUtilisation && usable(g) {
-			calib = append(calib, g)
+		g := &md.Groups[i]
+		if !(g.CostSeconds > 0) || len(g.SpeedSteps) > 0 {
+			continue
+		}
+		var units []*Group
+		if g.Latency.Count() >= minCalibrationRequests {
+			units = append(units, g)
+		}
+		if calm != nil && g.CalmLatency.Count() >= minCalibrationRequests && !math.IsNaN(g.CalmUtilisation) {
+			c := *g
+			c.Name = g.Name + " in the window's calmest stretch"
+			c.Latency, c.Utilisation, c.Rates = g.CalmLatency, g.CalmUtilisation, g.Rates[calm.From:calm.To]
+			units = append(units, &c)
+		}
+		all = append(all, units...)
+		for _, u := range units {
+			if u.Utilisation < lowUtilisation {
+				calib = append(calib, u)
+				break // the whole window's requests include the calm stretch's
+			}
 		}
 	}
 	if len(calib) == 0 {
 		var best *Group
-		for i := range md.Groups {
-			if g := &md.Groups[i]; usable(g) && (best == nil || g.Utilisation < best.Utilisation) {
-				best = g
+		for _, u := range all {
+			if best == nil || u.Utilisation < best.Utilisation {
+				best = u
 			}
 		}
 		if best == nil {
@@ -87,13 +104,24 @@ func calibrationScore(g *Group, shape CostShape, step time.Duration, seed int64)
 	shares := bucketCounts(simulated)
 	const alpha = 0.5 // keeps a bucket the simulation never hit from scoring −∞
 	total := simulated.Count() + alpha*float64(len(shares))
+	weight := math.Min(1, simulated.Count()/g.Latency.Count())
 	ll := 0.0
 	for b, n := range measured {
 		if n > 0 {
-			ll += n * math.Log((shares[b]+alpha)/total)
+			ll += weight * n * math.Log((shares[b]+alpha)/total)
 		}
 	}
 	return ll
+}
+
+// calibrationResolution is about how many requests g's calibration run simulates: one pod's
+// share of the group's requests, at most maxCalibrationRequests.
+func calibrationResolution(g *Group, step time.Duration) float64 {
+	expected := 0.0
+	for _, r := range fillGaps(g.Rates, g.RequestRate/float64(len(g.Pods))) {
+		expected += r * step.Seconds()
+	}
+	return math.Min(expected, maxCalibrationRequests)
 }
 
 // calibrationScenario is one pod of g's shape under g's measured rate per pod, step by step.

@@ -66,6 +66,10 @@ type Group struct {
 	P99         float64
 	// Utilisation is a pod's average CPU over its capacity (limit, or node CPUs).
 	Utilisation float64
+	// CalmLatency and CalmUtilisation are the pooled histogram and the utilisation over the
+	// window's calmest stretch (Measurements.Calm); empty when there is none.
+	CalmLatency     sim.Histogram
+	CalmUtilisation float64
 	// Rates is the group's mean rate per pod in each step, NaN where none served.
 	Rates []float64
 	// ReplicaSteps, for a group whose number of pods changed during the window, is that number
@@ -136,7 +140,7 @@ func Fit(m *Measurements, opts Options) (*Model, error) {
 	}
 	md.current(m)
 	md.balancerFrom = m.Clients.LBOrigin
-	md.Cost = fitCost(md, opts.Seed)
+	md.Cost = fitCost(md, m.Calm, opts.Seed)
 	data, err := md.renderYAML(m, opts.Seed)
 	if err != nil {
 		return nil, err
@@ -304,6 +308,9 @@ func (md *Model) group(m *Measurements) error {
 			capacity = math.Min(g.CPULimit, g.Cores)
 		}
 		g.Utilisation = g.CPUCores / float64(len(g.Pods)) / capacity
+		if m.Calm != nil {
+			g.CalmUtilisation = g.stretchUtilisation(m, *m.Calm, capacity)
+		}
 		coverage := 0.0
 		for _, name := range g.Pods {
 			coverage += podByName(m, name).Coverage
@@ -363,6 +370,30 @@ func (g *Group) windowAverages(m *Measurements, steps int) {
 	g.CPUCores, g.RequestRate = cpu/float64(steps), rate/float64(steps)
 }
 
+// stretchUtilisation is a pod's mean CPU over its capacity in the steps of a stretch, from the
+// per-step CPU of the pods serving in each; NaN when no step has it.
+func (g *Group) stretchUtilisation(m *Measurements, st Stretch, capacity float64) float64 {
+	sum, n := 0.0, 0
+	for k := st.From; k < st.To; k++ {
+		cpu, pods := 0.0, 0
+		for _, name := range g.Pods {
+			p := podByName(m, name)
+			if k < len(p.CPUs) && !math.IsNaN(p.CPUs[k]) && k < len(p.Rates) && !math.IsNaN(p.Rates[k]) {
+				cpu += p.CPUs[k]
+				pods++
+			}
+		}
+		if pods > 0 {
+			sum += cpu / float64(pods) / capacity
+			n++
+		}
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / float64(n)
+}
+
 func (md *Model) addPod(g *Group, p *PodMeasurement) {
 	g.Pods = append(g.Pods, p.Name)
 	if p.CPUCores > 0 {
@@ -372,6 +403,7 @@ func (md *Model) addPod(g *Group, p *PodMeasurement) {
 		g.RequestRate += p.RequestRate
 	}
 	g.Latency = g.Latency.Add(p.Latency)
+	g.CalmLatency = g.CalmLatency.Add(p.CalmLatency)
 	if p.InstanceType != "" {
 		g.InstanceTypes = append(g.InstanceTypes, p.InstanceType)
 	}
