@@ -2,7 +2,7 @@ package whatif
 
 import (
 	"fmt"
-	"math"
+	"slices"
 	"time"
 )
 
@@ -17,15 +17,32 @@ type ReplicaStep struct {
 	Replicas int
 }
 
-// replicaSteps counts the group's pods serving in each step and returns the counts as steps,
+// servingShare is the least part of the group's median rate per pod a pod must take in a step to
+// count as serving in it.
+const servingShare = 0.25
+
+// replicaSteps counts the group's pods serving (with requests) in each step and returns the counts as steps,
 // the first at the window's start; nil when the count holds. A count must hold for two steps
 // (or to the window's end) to start a step: a pod replaced by a rolling restart overlaps its
 // successor in one step, which is no scale.
 func replicaSteps(pods []*PodMeasurement, steps int, step time.Duration) []ReplicaStep {
 	counts := make([]int, steps)
 	for k := range counts {
+		var rates []float64
 		for _, p := range pods {
-			if k < len(p.Rates) && !math.IsNaN(p.Rates[k]) {
+			if k < len(p.Rates) && p.Rates[k] > 0 {
+				rates = append(rates, p.Rates[k])
+			}
+		}
+		if len(rates) == 0 {
+			continue
+		}
+		// A pod serves in the step if it took a fair part of a pod's share: one that left
+		// early in the step, or finished its last requests in it, is gone.
+		slices.Sort(rates)
+		floor := servingShare * rates[len(rates)/2]
+		for _, r := range rates {
+			if r >= floor {
 				counts[k]++
 			}
 		}

@@ -37,7 +37,44 @@ func (md *Model) suspects(c *Check) []string {
 	if c.Service.p99Disagrees() && !groupDisagrees {
 		out = append(out, md.suspectClients(c.Service))
 	}
+	if jumps := md.loadJumps(); jumps >= minLoadJumps && simulatedLow(c) {
+		// Bursts shorter than a step are spread over it: the simulated queues are shorter than
+		// the real ones, whatever else is right.
+		out = append([]string{fmt.Sprintf("the load's resolution: the Service's rate jumps by more than %.0f%% of its mean between %d pairs of %v steps, so it probably changes within steps too (bursts), and the model spreads each burst over its step, which queues less. Scrape the sidecars more often and fit with a shorter step, or add the bursts to the written scenario's load phases",
+			100*loadJump, jumps, md.Step)}, out...)
+	}
 	return dedupe(out)
+}
+
+// loadJump is the change between two steps' rates, over the window's mean rate, that counts as
+// a jump; minLoadJumps jumps make a load bursty.
+const (
+	loadJump     = 0.3
+	minLoadJumps = 2
+)
+
+// loadJumps counts the steps whose rate differs from the step before by more than loadJump of
+// the mean.
+func (md *Model) loadJumps() int {
+	rates := md.loadSeries()
+	mean := meanOf(rates)
+	n := 0
+	for k := 1; k < len(rates); k++ {
+		if math.Abs(rates[k]-rates[k-1]) > loadJump*mean {
+			n++
+		}
+	}
+	return n
+}
+
+// simulatedLow says whether some disagreeing p99 was simulated below the measured one.
+func simulatedLow(c *Check) bool {
+	for _, r := range append(c.Groups, c.Service) {
+		if r.p99Disagrees() && r.SimulatedP99 < r.MeasuredP99 {
+			return true
+		}
+	}
+	return false
 }
 
 // splitTolerance is how far a group's simulated request rate may be from the measured one before

@@ -74,6 +74,15 @@ func TestSuspects_NameTheAssumptionTheDisagreementPointsAt(t *testing.T) {
 			want:  []string{"group slow's speed changed during the window (0.500 from 0s, 0.300 from 5m0s)"},
 		},
 		{
+			name: "bursts within steps: the load's resolution first",
+			edit: func(md *Model) {
+				md.Step = 30 * time.Second
+				md.Scenario.Load = sim.Load{RPS: 200, Phases: []sim.Phase{{At: sim.Duration{Duration: time.Minute}, RPS: 400}, {At: sim.Duration{Duration: 90 * time.Second}, RPS: 200}, {At: sim.Duration{Duration: 3 * time.Minute}, RPS: 400}, {At: sim.Duration{Duration: 210 * time.Second}, RPS: 200}}}
+			},
+			check: Check{Groups: []CheckRow{row("fast", 20, 20, 1, 1, 200, 200), row("slow", 200, 80, 1.6, 1.6, 160, 160)}, Service: service(60, 60)},
+			want:  []string{"the load's resolution: the Service's rate jumps by more than 30% of its mean between 4 pairs of 30s steps", "the pods' concurrency"},
+		},
+		{
 			name:  "a group that served part of the window: its replicas",
 			edit:  func(md *Model) { md.Groups[0].MeanPods = 1.2 },
 			check: Check{Groups: []CheckRow{row("fast", 20, 20, 1, 1.5, 200, 200), row("slow", 80, 80, 1.6, 1.6, 160, 160)}, Service: service(60, 60)},
