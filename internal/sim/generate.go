@@ -19,13 +19,27 @@ import (
 type Drawn struct {
 	Scenario *Scenario
 	Summary  string
+	// CostFamily is the request cost's family (CostExponential, CostLognormal, CostGamma or
+	// CostMixture), shared by every class.
+	CostFamily string
+	// SlowedClass is the class whose speed steps down during the run ("" when none does: always
+	// without GenerateOptions.SpeedChanges).
+	SlowedClass string
+}
+
+// GenerateOptions add draws that `bench --random` leaves out.
+type GenerateOptions struct {
+	// SpeedChanges: in a share of the scenarios (speedChangeShare), one class slows down step by
+	// step during the run, as when a neighbour takes its nodes' cores. Meant for the what-if's
+	// round trips, which must fit a Service whose speed moved during the window.
+	SpeedChanges bool
 }
 
 // Ranges of the draws.
 const (
 	minClasses, maxClasses   = 2, 4
-	minReplicas, maxReplicas = 1, 6 // per class
-	minCostCV, maxCostCV     = 0.3, 1.5
+	minReplicas, maxReplicas = 1, 6       // per class
+	minCostCV, maxCostCV     = 0.3, 1.5   // a lognormal or gamma cost's
 	minLoad, maxLoad         = 0.30, 0.95 // the peak's share of the fleet's smallest capacity
 	minProxies, maxProxies   = 2, 50
 	// The fleet's capacity before any scaling is aimed at a log-uniform draw in this range
@@ -62,9 +76,39 @@ var LoadShapes = []string{"ramp-up", "ramp-down", "step", "bursts", "flash-crowd
 // the same scenario whatever else is drawn, so a series of 200 starts with the series of 50.
 // The scenario is complete (defaults filled in) and valid.
 func GenerateScenario(seed int64, index int) (Drawn, error) {
-	rng := rand.New(rand.NewSource(int64(splitmix64(uint64(seed)<<24 ^ uint64(index)))))
-	g := generator{rng: rng}
-	sc, summary := g.draw(fmt.Sprintf("random-s%d-%03d", seed, index))
+	return GenerateScenarioWith(seed, index, GenerateOptions{})
+}
+
+// Salts of the generator's random streams. Each group of draws added after the first has a stream
+// of its own, so that adding it left every earlier draw of a (seed, index) as it was: the cost
+// family changed the costs of the series drawn before it and nothing else, and speed changes
+// leave the rest of the scenario as GenerateScenario draws it.
+const (
+	mainStream  = 0
+	costStream  = 1
+	speedStream = 2
+)
+
+// stream is the random stream salt of scenario (seed, index).
+func stream(seed int64, index int, salt uint64) *rand.Rand {
+	base := splitmix64(uint64(seed)<<24 ^ uint64(index))
+	if salt != mainStream {
+		base = splitmix64(base + salt)
+	}
+	return rand.New(rand.NewSource(int64(base)))
+}
+
+// GenerateScenarioWith is GenerateScenario with the draws opts adds.
+func GenerateScenarioWith(seed int64, index int, opts GenerateOptions) (Drawn, error) {
+	g := generator{rng: stream(seed, index, mainStream)}
+	costs := generator{rng: stream(seed, index, costStream)}
+	sc, summary, family := g.draw(fmt.Sprintf("random-s%d-%03d", seed, index), costs)
+	slowed := ""
+	if opts.SpeedChanges {
+		var text string
+		slowed, text = generator{rng: stream(seed, index, speedStream)}.slowDown(sc)
+		summary += text
+	}
 	data, err := MarshalScenario(sc)
 	if err != nil {
 		return Drawn{}, err
@@ -74,7 +118,7 @@ func GenerateScenario(seed int64, index int) (Drawn, error) {
 	if err != nil {
 		return Drawn{}, fmt.Errorf("generated scenario %s does not validate (a generator bug): %w", sc.Name, err)
 	}
-	return Drawn{Scenario: parsed, Summary: summary}, nil
+	return Drawn{Scenario: parsed, Summary: summary, CostFamily: family, SlowedClass: slowed}, nil
 }
 
 // MarshalScenario writes a scenario as the YAML `simulate --scenario` reads.
@@ -111,7 +155,9 @@ type class struct {
 	cores    float64
 }
 
-func (g generator) draw(name string) (*Scenario, string) {
+// draw draws a scenario from g, and its request costs from costs; it returns the scenario, its
+// summary and its cost family.
+func (g generator) draw(name string, costs generator) (*Scenario, string, string) {
 	// Hardware: 2-4 classes on the speed grid, at least two speeds in the fleet, the fastest
 	// moved to speed 1; one CPU limit for the Deployment; nodes with 2 or 4 times as many cores
 	// as the limit.
@@ -127,8 +173,12 @@ func (g generator) draw(name string) (*Scenario, string) {
 	for i := range classes {
 		classes[i].speed = classSpeeds[steps[i]-slices.Min(steps)]
 	}
-	// Work: lognormal request costs with one CV; the mean is the cost of the grid that puts the
-	// fleet's capacity nearest (in ratio) to a log-uniform draw in the capacity range.
+	// Work: one cost distribution for the fleet (the workload's; hardware only divides it by its
+	// speed); the mean is the cost of the grid that puts the fleet's capacity nearest (in ratio)
+	// to a log-uniform draw in the capacity range. The CV drawn here is the one the generator drew
+	// before cost families came in, when every cost was lognormal: a lognormal or gamma cost keeps
+	// it, so that a scenario that draws lognormal is the one drawn then. Everything else about the
+	// cost comes from its own stream.
 	cv := roundTo(g.uniform(minCostCV, maxCostCV), 100)
 	target := g.logUniform(minCapacityRPS, maxCapacityRPS)
 	cpu := 0.0
@@ -179,6 +229,8 @@ func (g generator) draw(name string) (*Scenario, string) {
 	}
 	peak := peakShare * smallest
 
+	cost, costText, family := costs.costFamily(mean, cv)
+
 	sc := &Scenario{
 		Name:     name,
 		Duration: Duration{duration},
@@ -208,7 +260,7 @@ func (g generator) draw(name string) (*Scenario, string) {
 			Cores:    c.cores,
 			CPULimit: limit,
 			Speed:    c.speed,
-			Cost:     Cost{Mean: Duration{mean}, Dist: "lognormal", CV: cv},
+			Cost:     cost,
 		}
 		for _, ev := range events {
 			if ev.class == i {
@@ -224,9 +276,9 @@ func (g generator) draw(name string) (*Scenario, string) {
 		speeds[i] = fmt.Sprintf("%s×%d %.3g", c.name, c.replicas, c.speed)
 		cores[i] = fmt.Sprintf("%g", c.cores)
 	}
-	summary := fmt.Sprintf("%s, peak %.0f%% of capacity (%.0f rps); %d classes (%s; %.1f× apart), limit %g on %s-core nodes; cost %v CV %.2f; %d proxies%s",
-		shapeText, 100*peakShare, peak, len(classes), strings.Join(speeds, ", "), ratio, limit, strings.Join(cores, "/"), mean, cv, sc.Clients.Proxies, scaleText)
-	return sc, summary
+	summary := fmt.Sprintf("%s, peak %.0f%% of capacity (%.0f rps); %d classes (%s; %.1f× apart), limit %g on %s-core nodes; cost %s; %d proxies%s",
+		shapeText, 100*peakShare, peak, len(classes), strings.Join(speeds, ", "), ratio, limit, strings.Join(cores, "/"), costText, sc.Clients.Proxies, scaleText)
+	return sc, summary, family
 }
 
 // level is the offered load from at on, as a share of the peak.

@@ -22,6 +22,17 @@ func TestGenerateScenario_SameSeedAndIndexSameScenario(t *testing.T) {
 	if !bytes.Equal(ya, yb) || a.Summary != b.Summary {
 		t.Fatalf("two draws of (7, 3) differ:\n%s\n%s", ya, yb)
 	}
+	c, err := GenerateScenarioWith(7, 3, GenerateOptions{SpeedChanges: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := GenerateScenarioWith(7, 3, GenerateOptions{SpeedChanges: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, d) || !bytes.Equal(mustMarshal(t, c.Scenario), mustMarshal(t, d.Scenario)) {
+		t.Fatalf("two draws of (7, 3) with speed changes differ:\n%s\n%s", c.Summary, d.Summary)
+	}
 	for _, other := range [][2]int64{{7, 4}, {8, 3}} {
 		c, err := GenerateScenario(other[0], int(other[1]))
 		if err != nil {
@@ -31,6 +42,15 @@ func TestGenerateScenario_SameSeedAndIndexSameScenario(t *testing.T) {
 			t.Fatalf("(7, 3) and %v drew the same scenario", other)
 		}
 	}
+}
+
+func mustMarshal(t *testing.T, sc *Scenario) []byte {
+	t.Helper()
+	data, err := MarshalScenario(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // smallestCapacity is the fleet's smallest capacity (requests per second at the CPU limit) over
@@ -82,8 +102,8 @@ func TestGenerateScenario_EveryDrawIsInItsRangeAndEveryKindOccurs(t *testing.T) 
 			if p.Cores <= p.CPULimit {
 				t.Fatalf("%s: class %s runs on %g cores with a limit of %g; want nodes larger than the limit", sc.Name, p.Name, p.Cores, p.CPULimit)
 			}
-			if p.Cost.Dist != "lognormal" || p.Cost.CV < 0.3 || p.Cost.CV > 1.5 {
-				t.Fatalf("%s: cost %+v, want lognormal with a CV from 0.3 to 1.5", sc.Name, p.Cost)
+			if !reflect.DeepEqual(p.Cost, sc.Pods[0].Cost) {
+				t.Fatalf("%s: class %s costs %+v, class %s %+v; want one cost for the fleet", sc.Name, p.Name, p.Cost, sc.Pods[0].Name, sc.Pods[0].Cost)
 			}
 			for _, ev := range p.Events {
 				if ev.Replicas != nil && *ev.Replicas > p.Replicas {
