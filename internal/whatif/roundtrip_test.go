@@ -34,20 +34,20 @@ const (
 var roundTripScenarios = []struct {
 	name, file string
 }{
-	{"four cost groups (seed-fib)", "seed-fib.yaml"},
-	{"a single slow outlier", "slow-outlier.yaml"},
-	{"a ramp to twice the load", "load-doubling.yaml"},
-	{"three hardware generations", "three-gens-60.yaml"},
+	{"four cost groups (seed-fib)", "scenarios/seed-fib.yaml"},
+	{"a single slow outlier", "scenarios/slow-outlier.yaml"},
+	{"a ramp to twice the load", "scenarios/load-doubling.yaml"},
+	{"three hardware generations", "scenarios/three-gens-60.yaml"},
 	// Services the fit was not built with (issue 33): exponential costs; two pods slowing step
 	// by step while the load rises.
-	{"exponential costs on two generations", "whatif-exponential-two-gens.yaml"},
-	{"two pods slowing step by step", "whatif-neighbour-slows-two-pods.yaml"},
-	{"a scale-out during a flash crowd", "flash-crowd-scale-out.yaml"},
+	{"exponential costs on two generations", "whatif/whatif-exponential-two-gens.yaml"},
+	{"two pods slowing step by step", "whatif/whatif-neighbour-slows-two-pods.yaml"},
+	{"a scale-out during a flash crowd", "scenarios/flash-crowd-scale-out.yaml"},
 }
 
 func loadBenchScenario(t testing.TB, file string) *sim.Scenario {
 	t.Helper()
-	sc, err := sim.LoadScenarioFile(filepath.Join("..", "..", "bench", "scenarios", file))
+	sc, err := sim.LoadScenarioFile(filepath.Join("..", "..", "bench", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,7 +332,7 @@ func minOf(xs []float64) float64 {
 func TestRoundTrip_AWeightedServiceIsCheckedUnderItsWeights(t *testing.T) {
 	vm := vmtest.Start(t)
 	reader := newReader(t, vm.URL)
-	orig := loadBenchScenario(t, "three-gens-60.yaml")
+	orig := loadBenchScenario(t, "scenarios/three-gens-60.yaml")
 	start := pastStart()
 	text, r := exportRun(t, orig, sim.PolicyCapacity, "weighted", "web", start)
 	vm.ImportText(t, text)
