@@ -128,6 +128,13 @@ func TestSimulateFromTSDB_FitsChecksAndPredicts(t *testing.T) {
 			Service string `json:"service"`
 			Advice  string `json:"advice"`
 			Check   []any  `json:"check"`
+			Cost    struct {
+				Chosen     string `json:"chosen"`
+				Candidates []struct {
+					Family string  `json:"family"`
+					Score  float64 `json:"score"`
+				} `json:"candidates"`
+			} `json:"request_cost"`
 		} `json:"what_if"`
 	}
 	raw, err := os.ReadFile(jsonPath)
@@ -139,6 +146,16 @@ func TestSimulateFromTSDB_FitsChecksAndPredicts(t *testing.T) {
 	}
 	if len(rep.Results) != 4 || rep.WhatIf.Service != "web" || rep.WhatIf.Advice == "" || len(rep.WhatIf.Check) != 3 {
 		t.Errorf("JSON report: %d results, service %q, advice %q, %d check rows", len(rep.Results), rep.WhatIf.Service, rep.WhatIf.Advice, len(rep.WhatIf.Check))
+	}
+	var families []string
+	for _, c := range rep.WhatIf.Cost.Candidates {
+		families = append(families, c.Family)
+	}
+	if rep.WhatIf.Cost.Chosen == "" || strings.Join(families, ",") != "exponential,gamma,lognormal,mixture" {
+		t.Errorf("JSON report's request cost: chosen %q, candidates %v; want the chosen shape and the four families", rep.WhatIf.Cost.Chosen, families)
+	}
+	if !strings.Contains(out, "How each family fitted") || !strings.Contains(out, "  chosen") {
+		t.Errorf("the output lacks the families' fit:\n%s", out)
 	}
 	if png, err := os.ReadFile(plot); err != nil || !strings.HasPrefix(string(png), "\x89PNG") {
 		t.Errorf("no PNG plot (%v)", err)
