@@ -100,8 +100,31 @@ type whatIfReport struct {
 	To          time.Time        `json:"to"`
 	Current     string           `json:"current_policy"`
 	Check       []checkReportRow `json:"check"`
+	Cost        costReport       `json:"request_cost"`
 	Assumptions []string         `json:"assumptions"`
 	Advice      string           `json:"advice"`
+}
+
+// costReport is the request-cost family chosen and every candidate's fit.
+type costReport struct {
+	Chosen     string             `json:"chosen"`
+	From       string             `json:"from"`
+	Candidates []costCandidateRow `json:"candidates,omitempty"`
+}
+
+type costCandidateRow struct {
+	Family        string  `json:"family"`
+	Fitted        string  `json:"fitted"`
+	LogLikelihood float64 `json:"log_likelihood"`
+	Score         float64 `json:"score"`
+}
+
+func newCostReport(f whatif.CostFit) costReport {
+	r := costReport{Chosen: f.Shape.String(), From: f.From}
+	for _, c := range f.Candidates {
+		r.Candidates = append(r.Candidates, costCandidateRow{Family: c.Shape.Family, Fitted: c.Shape.String(), LogLikelihood: c.LogLikelihood, Score: c.Score})
+	}
+	return r
 }
 
 // checkReportRow is one row of the model check in the --json document; CPU is absent for the
@@ -152,7 +175,7 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 			facts = nil
 		}
 	}
-	reader := &whatif.Reader{API: api, Source: src, Labels: w.cfg.Labels, Timeout: w.cfg.QueryTimeout(), Address: address}
+	reader := &whatif.Reader{API: api, Source: src, Labels: w.cfg.Labels, Timeout: w.cfg.QueryTimeout(), Address: address, CPUQuery: w.cfg.Queries.CPU}
 	m, err := reader.Read(ctx, whatif.Window{Namespace: w.namespace, Service: w.name, End: w.end, Length: w.window, Cluster: facts})
 	if err != nil {
 		return err
@@ -195,7 +218,7 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 		return err
 	}
 	report := &whatIfReport{Namespace: md.Namespace, Service: md.Service, From: md.From, To: md.To, Current: md.Current.Name,
-		Check: checkReport(check), Assumptions: md.Assumptions, Advice: pred.Advice.Text}
+		Check: checkReport(check), Cost: newCostReport(md.Cost), Assumptions: md.Assumptions, Advice: pred.Advice.Text}
 	if err := o.writeFiles(md.Scenario, pred.Results, report); err != nil {
 		return err
 	}
@@ -244,7 +267,27 @@ func printMeasured(w io.Writer, address string, m *whatif.Measurements, md *what
 			time.Duration(g.CostSeconds*float64(time.Second)).Round(time.Microsecond), g.Speed, g.RequestRate, g.CPUCores, 100*g.Utilisation, g.P99)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "Request cost variability: CV %.2f, %s.\n", md.CV, md.CVFrom)
+	for _, g := range md.Groups {
+		if len(g.ReplicaSteps) > 0 {
+			fmt.Fprintf(w, "Group %s's pods serving changed in number during the window: %s.\n", g.Name, whatif.ReplicaStepsText(g.ReplicaSteps))
+		}
+		if len(g.SpeedSteps) > 0 {
+			fmt.Fprintf(w, "Group %s's speed changed during the window (its CPU per request, stretch by stretch): %s.\n", g.Name, whatif.SpeedStepsText(g.SpeedSteps))
+		}
+	}
+	fmt.Fprintf(w, "Request costs: %s, %s.\n", md.Cost.Shape, md.Cost.From)
+	if len(md.Cost.Candidates) > 0 {
+		fmt.Fprintln(w, "How each family fitted (log-likelihood of the measured buckets under the simulated pods; the score takes ½·ln(requests) off per parameter, and the highest wins):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, c := range md.Cost.Candidates {
+			chosen := ""
+			if c.Shape == md.Cost.Shape {
+				chosen = "  chosen"
+			}
+			fmt.Fprintf(tw, "  %s\tlog-likelihood %.0f\tscore %.0f%s\n", c.Shape, c.LogLikelihood, c.Score, chosen)
+		}
+		_ = tw.Flush()
+	}
 	if len(md.Assumptions) > 0 {
 		fmt.Fprintln(w, "Assumed (not measured, not read from the cluster):")
 		for _, a := range md.Assumptions {
@@ -278,6 +321,10 @@ func printCheck(w io.Writer, c *whatif.Check) {
 		fmt.Fprintf(w, "The model does NOT reproduce the measurements, so no gain is predicted:\n")
 		for _, d := range c.Disagreements {
 			fmt.Fprintf(w, "  - %s\n", d)
+		}
+		fmt.Fprintln(w, "Suspected, most likely first:")
+		for _, s := range c.Suspects {
+			fmt.Fprintf(w, "  - %s\n", s)
 		}
 	}
 	fmt.Fprintln(w)

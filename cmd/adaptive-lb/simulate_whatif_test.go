@@ -128,6 +128,13 @@ func TestSimulateFromTSDB_FitsChecksAndPredicts(t *testing.T) {
 			Service string `json:"service"`
 			Advice  string `json:"advice"`
 			Check   []any  `json:"check"`
+			Cost    struct {
+				Chosen     string `json:"chosen"`
+				Candidates []struct {
+					Family string  `json:"family"`
+					Score  float64 `json:"score"`
+				} `json:"candidates"`
+			} `json:"request_cost"`
 		} `json:"what_if"`
 	}
 	raw, err := os.ReadFile(jsonPath)
@@ -139,6 +146,16 @@ func TestSimulateFromTSDB_FitsChecksAndPredicts(t *testing.T) {
 	}
 	if len(rep.Results) != 4 || rep.WhatIf.Service != "web" || rep.WhatIf.Advice == "" || len(rep.WhatIf.Check) != 3 {
 		t.Errorf("JSON report: %d results, service %q, advice %q, %d check rows", len(rep.Results), rep.WhatIf.Service, rep.WhatIf.Advice, len(rep.WhatIf.Check))
+	}
+	var families []string
+	for _, c := range rep.WhatIf.Cost.Candidates {
+		families = append(families, c.Family)
+	}
+	if rep.WhatIf.Cost.Chosen == "" || strings.Join(families, ",") != "exponential,gamma,lognormal,mixture" {
+		t.Errorf("JSON report's request cost: chosen %q, candidates %v; want the chosen shape and the four families", rep.WhatIf.Cost.Chosen, families)
+	}
+	if !strings.Contains(out, "How each family fitted") || !strings.Contains(out, "  chosen") {
+		t.Errorf("the output lacks the families' fit:\n%s", out)
 	}
 	if png, err := os.ReadFile(plot); err != nil || !strings.HasPrefix(string(png), "\x89PNG") {
 		t.Errorf("no PNG plot (%v)", err)
@@ -180,7 +197,7 @@ func TestSimulateFromTSDB_BadInputGetsAClearMessageAndNoPrediction(t *testing.T)
 		"a Service without a mesh":                     {"plain/web", []string{"the Service is not in the mesh", "none runs an istio-proxy sidecar", "istio-injection=enabled"}},
 		"missing CPU limits":                           {"nolimits/web", []string{"CPU limits unknown", "fast-0", "--kubeconfig", "kube_pod_container_resource_limits"}},
 		"mixed Istio versions":                         {"mixed/web", []string{"different Istio metric names", "fast-0 report istio_request_duration_seconds", "11 other pod(s)"}},
-		"a model that disagrees with the measurements": {"rr/web", []string{"the model does not reproduce the measurements under least_request, so no gain is predicted", "the p99 of group outlier is"}},
+		"a model that disagrees with the measurements": {"rr/web", []string{"the model does not reproduce the measurements under least_request, so no gain is predicted", "the p99 of group outlier is", "Suspected: the split of requests between groups: group outlier ran at 100% of its CPU and queued far longer than simulated", "so the clients' balancer, least_request, is not what the real clients did: pass --kubeconfig"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -59,13 +59,17 @@ func newCostSampler(c Cost) costSampler {
 		cs.scale = cs.mean / shape
 	case CostMixture:
 		cs.dist = costMixture
+		total := 0.0
+		for _, p := range c.Parts {
+			total += p.Share
+		}
 		acc := 0.0
 		for _, p := range c.Parts {
 			cs.parts = append(cs.parts, newCostSampler(Cost{Mean: p.Mean, Dist: p.Dist, CV: p.CV}))
-			acc += p.Share
+			acc += p.Share / total // shares add up to 1 within rounding
 			cs.cumFrac = append(cs.cumFrac, acc)
 		}
-		cs.cumFrac[len(cs.cumFrac)-1] = 1 // shares sum to 1 within rounding
+		cs.cumFrac[len(cs.cumFrac)-1] = 1
 	default: // lognormal with the given mean and CV
 		sigma2 := math.Log(1 + c.CV*c.CV)
 		cs.mu = math.Log(cs.mean) - sigma2/2
@@ -225,4 +229,35 @@ func gammaP(a, x float64) float64 {
 		}
 	}
 	return 1 - front*h
+}
+
+// CDF is the probability that a request's cost is at most x seconds on hardware of speed 1: the
+// distribution the scenario's draws follow, for fitting a family to measured latencies.
+func (c Cost) CDF(x float64) float64 {
+	if x <= 0 {
+		return 0
+	}
+	m := c.Mean.Seconds()
+	switch c.Dist {
+	case CostConstant:
+		if x >= m {
+			return 1
+		}
+		return 0
+	case CostExponential:
+		return -math.Expm1(-x / m)
+	case CostGamma:
+		shape := 1 / (c.CV * c.CV)
+		return gammaP(shape, x*shape/m)
+	case CostMixture:
+		p := 0.0
+		for _, part := range c.Parts {
+			p += part.Share * Cost{Mean: part.Mean, Dist: part.Dist, CV: part.CV}.CDF(x)
+		}
+		return p
+	default: // lognormal
+		sigma2 := math.Log(1 + c.CV*c.CV)
+		mu := math.Log(m) - sigma2/2
+		return 0.5 * math.Erfc(-(math.Log(x)-mu)/math.Sqrt(2*sigma2))
+	}
 }

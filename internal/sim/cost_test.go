@@ -116,3 +116,27 @@ pods:
 		t.Errorf("mean %v, want the parts' 4ms", got)
 	}
 }
+
+func TestCost_CDFAgreesWithTheDraws(t *testing.T) {
+	ms := func(f float64) Duration { return Duration{time.Duration(f * float64(time.Millisecond))} }
+	costs := []Cost{
+		{Mean: ms(5), Dist: CostExponential},
+		{Mean: ms(5), Dist: CostLognormal, CV: 1.2},
+		{Mean: ms(5), Dist: CostGamma, CV: 0.5},
+		{Mean: ms(5), Dist: CostMixture, Parts: []CostPart{{Share: 0.85, Mean: ms(2), Dist: CostGamma, CV: 0.4}, {Share: 0.15, Mean: ms(22), Dist: CostLognormal, CV: 0.5}}},
+	}
+	for _, c := range costs {
+		_, _, xs := sampleCost(t, c, 200_000)
+		for _, at := range []float64{0.001, 0.003, 0.005, 0.01, 0.02, 0.04} {
+			below := 0
+			for _, x := range xs {
+				if x <= at {
+					below++
+				}
+			}
+			if got, want := float64(below)/float64(len(xs)), c.CDF(at); math.Abs(got-want) > 0.005 {
+				t.Errorf("%s: P(cost ≤ %v s) drawn %.4f, CDF %.4f", c.Dist, at, got, want)
+			}
+		}
+	}
+}

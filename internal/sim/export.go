@@ -131,7 +131,10 @@ func (r *MetricsRecorder) scrape(s *simulation, t float64) {
 		if int(p.id) == len(r.pods) {
 			pg := s.sc.Pods[p.group]
 			r.pods = append(r.pods, recordedPod{
-				name: p.name, group: pg.Name, node: "node-" + p.name,
+				// Node names carry the namespace: two runs imported side by side into one TSDB
+				// under namespaces of their own must not share nodes, as pods of one cluster's
+				// namespaces do not share a node name with another cluster's.
+				name: p.name, group: pg.Name, node: "node-" + r.labels.Namespace + "-" + p.name,
 				ip:    fmt.Sprintf("10.%d.%d.%d", 1+p.group%250, p.id/250, 1+p.id%250),
 				cores: p.cores, limit: p.limit, first: at,
 			})

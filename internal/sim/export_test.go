@@ -153,14 +153,14 @@ func TestMetricsRecorder_WriteTextHasTheOperatorsSeries(t *testing.T) {
 	if got := lastTS[dest]; got != start.Add(time.Minute).UnixMilli() {
 		t.Errorf("last sample at %d, want the run's end %d", got, start.Add(time.Minute).UnixMilli())
 	}
-	cpu := `container_cpu_usage_seconds_total{` + pod + `,container="app",cpu="total",node="node-fast-0"}`
+	cpu := `container_cpu_usage_seconds_total{` + pod + `,container="app",cpu="total",node="node-shop-fast-0"}`
 	if got, want := last[cpu], r.Pods[0].CPU*60; math.Abs(got-want) > 1e-9 {
 		t.Errorf("%s ends at %v, the pod used %v CPU-seconds", cpu, got, want)
 	}
 	for _, series := range []string{
-		`kube_pod_container_resource_limits{` + pod + `,container="app",node="node-fast-0",resource="cpu",unit="core"}`,
-		`kube_node_status_capacity{node="node-slow-0",resource="cpu",unit="core"}`,
-		`kube_node_labels{node="node-slow-0",label_node_kubernetes_io_instance_type="slow"}`,
+		`kube_pod_container_resource_limits{` + pod + `,container="app",node="node-shop-fast-0",resource="cpu",unit="core"}`,
+		`kube_node_status_capacity{node="node-shop-slow-0",resource="cpu",unit="core"}`,
+		`kube_node_labels{node="node-shop-slow-0",label_node_kubernetes_io_instance_type="slow"}`,
 		`kube_pod_container_info{` + pod + `,container="istio-proxy"}`,
 		`istio_request_duration_milliseconds_bucket{reporter="source",namespace="shop",pod="client-4",source_workload="client",source_workload_namespace="shop",destination_service="web.shop.svc.cluster.local",destination_service_name="web",destination_service_namespace="shop",destination_workload="web",destination_workload_namespace="shop",request_protocol="http",response_code="200",le="+Inf"}`,
 	} {
@@ -168,7 +168,7 @@ func TestMetricsRecorder_WriteTextHasTheOperatorsSeries(t *testing.T) {
 			t.Errorf("no series %s", series)
 		}
 	}
-	if got := last[`kube_node_status_capacity{node="node-slow-0",resource="cpu",unit="core"}`]; got != 8 {
+	if got := last[`kube_node_status_capacity{node="node-shop-slow-0",resource="cpu",unit="core"}`]; got != 8 {
 		t.Errorf("slow pod's node has %v CPUs, want the group's 8 cores", got)
 	}
 	weight := `adaptivelb_endpoint_weight{namespace="shop",adaptiveloadbalancer="web",pod="fast-0",ip="10.1.0.1"}`

@@ -24,7 +24,7 @@ import (
 //     the node's instance type (the pod group's name, as the simulator's mirror uses it);
 //   - the operator: adaptivelb_endpoint_weight, when the policy writes weights.
 //
-// Every pod runs on a node of its own, named after it. The simulator has no sidecar CPU, no
+// Every pod runs on a node of its own, named after it and the namespace (node-NAMESPACE-POD). The simulator has no sidecar CPU, no
 // errors and no request sizes, so those series are not written.
 func (r *MetricsRecorder) WriteText(w io.Writer, start time.Time) error {
 	if !r.started {

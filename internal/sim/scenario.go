@@ -419,7 +419,7 @@ func validateCost(c Cost, field string) error {
 				return err
 			}
 		}
-		if math.Abs(total-1) > 1e-6 {
+		if math.Abs(total-1) > shareSumTolerance {
 			return bad("parts", "the shares add up to %v; they must add up to 1", total)
 		}
 		if want := c.mixtureMean(); math.Abs(c.Mean.Seconds()/want.Seconds()-1) > 0.01 {
@@ -429,6 +429,10 @@ func validateCost(c Cost, field string) error {
 	}
 	return validateCostShape(c.Mean.Duration, c.Dist, c.CV, distributions, bad)
 }
+
+// shareSumTolerance is how far a mixture's shares may add up from 1: shares written with four
+// decimals; the sampler divides them by their sum.
+const shareSumTolerance = 1e-3
 
 // maxCostParts bounds a mixture.
 const maxCostParts = 4

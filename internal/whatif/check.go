@@ -28,6 +28,9 @@ type Check struct {
 	// Disagreements says, one sentence each, which measurements the model does not reproduce.
 	// Empty when the model holds.
 	Disagreements []string
+	// Suspects names, most likely first, the assumptions the disagreements point at and what to
+	// measure or set to fix each.
+	Suspects []string
 	// Result is the simulated run of the policy in force.
 	Result *sim.Result
 }
@@ -41,7 +44,12 @@ type CheckRow struct {
 	SimulatedLo, SimulatedHi  float64
 	// CPU in cores (the group's pods together); NaN for the Service row (client side).
 	MeasuredCPU, SimulatedCPU float64
+	// Request rates (the group's pods together); NaN for the Service row.
+	MeasuredRate, SimulatedRate float64
 }
+
+// rateError is the simulated request rate's relative error.
+func (r CheckRow) rateError() float64 { return r.SimulatedRate/r.MeasuredRate - 1 }
 
 // P99Error is the simulated p99's relative error.
 func (r CheckRow) P99Error() float64 { return r.SimulatedP99/r.MeasuredP99 - 1 }
@@ -91,17 +99,21 @@ func (md *Model) Check() (*Check, error) {
 	}
 	c := &Check{Policy: md.Current, Result: r}
 	for _, g := range md.Groups {
-		var cpu float64
+		var cpu, rate float64
 		var lat sim.Histogram
 		for _, p := range sum.Pods {
 			if p.Group == g.Name {
 				cpu += p.CPUCores
+				rate += p.RequestRate
 				lat = lat.Add(p.Latency)
 			}
 		}
-		c.Groups = append(c.Groups, newRow(g.Name, g.Latency, lat, g.CPUCores, cpu))
+		row := newRow(g.Name, g.Latency, lat, g.CPUCores, cpu)
+		row.MeasuredRate, row.SimulatedRate = g.RequestRate, rate
+		c.Groups = append(c.Groups, row)
 	}
 	c.Service = newRow("Service (client side)", md.ClientLatency, sum.Clients, math.NaN(), math.NaN())
+	c.Service.MeasuredRate, c.Service.SimulatedRate = math.NaN(), math.NaN()
 	for _, row := range append(c.Groups, c.Service) {
 		what := "group " + row.Name
 		if row.Name == c.Service.Name {
@@ -116,6 +128,7 @@ func (md *Model) Check() (*Check, error) {
 				what, row.MeasuredCPU, row.SimulatedCPU, 100*row.CPUError()))
 		}
 	}
+	c.Suspects = md.suspects(c)
 	return c, nil
 }
 
@@ -145,6 +158,10 @@ func (c *Check) Err() error {
 	if len(c.Disagreements) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w under %s, so no gain is predicted: %s. Check the facts marked assumed (write the scenario with --write-scenario, correct it and run it with --scenario), or measure over a window without incidents",
-		ErrModelDisagrees, c.Policy.Name, strings.Join(c.Disagreements, "; "))
+	suspect := ""
+	if len(c.Suspects) > 0 {
+		suspect = ". Suspected: " + strings.Join(c.Suspects, "; ")
+	}
+	return fmt.Errorf("%w under %s, so no gain is predicted: %s%s. Write the scenario with --write-scenario, correct it and run it with --scenario, or measure over a window without incidents",
+		ErrModelDisagrees, c.Policy.Name, strings.Join(c.Disagreements, "; "), suspect)
 }

@@ -12,103 +12,79 @@ import (
 	"github.com/adaptive-lb/adaptive-lb/internal/sim"
 )
 
-// The request cost is lognormal; its coefficient of variation is fitted to the server-side latency
-// histograms. The variability is the workload's, shared by every group (faster hardware divides
-// every request's cost by the same factor), so one CV is fitted for the Service, from the groups
-// that run at low utilisation: there a request's latency is mostly its own service time, where
-// near the limit queueing and CPU throttling dominate the histogram. Each candidate CV is judged
-// by simulating one pod of each such group at its own measured load, through the same simulator
-// and the same Istio buckets, and scoring the measured bucket counts against the simulated shares
-// (multinomial likelihood).
+// The request cost's family and parameters are fitted to the server-side latency histograms
+// (costfamily.go). The variability is the workload's, shared by every group (faster hardware
+// divides every request's cost by the same factor), so one shape is fitted for the Service, from
+// the groups that run at low utilisation, each at its own: there a request's latency is mostly
+// its own service time, where near the limit queueing and CPU throttling dominate the histogram.
+// A candidate is judged by simulating one pod of each such group at its own measured load,
+// through the same simulator and the same Istio buckets, and scoring the measured bucket counts
+// against the simulated shares (multinomial likelihood).
 
-// cvGrid are the candidate CVs; the best is then refined between its neighbours.
-var cvGrid = []float64{0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0}
-
-// lowUtilisation is the utilisation under which a group calibrates the CV.
+// lowUtilisation is the utilisation under which a group calibrates the cost shape.
 const lowUtilisation = 0.5
 
-// minCalibrationRequests is the fewest requests a group's histogram needs to calibrate the CV.
+// minCalibrationRequests is the fewest requests a group's histogram needs to calibrate the shape.
 const minCalibrationRequests = 200
-
-// assumedCV is the CV used when no group has enough requests to fit it.
-const assumedCV = 1.0
 
 // maxCalibrationRequests caps one calibration run; longer windows are compressed in time, each
 // step keeping its rate.
 const maxCalibrationRequests = 150_000
 
-// fitCV returns the fitted CV and a sentence saying how it was found.
-func fitCV(md *Model, seed int64) (float64, string) {
-	var calib []*Group
+// fitCost chooses the cost shape, and says how it was found. Each group calibrates over the
+// whole window where it ran below lowUtilisation, else over the window's calmest stretch where it
+// did there; when none did either, the least loaded of them calibrates alone.
+func fitCost(md *Model, calm *Stretch, seed int64) CostFit {
+	var calib, all []*Group
 	for i := range md.Groups {
 		g := &md.Groups[i]
-		if g.Utilisation < lowUtilisation && g.Latency.Count() >= minCalibrationRequests && g.CostSeconds > 0 {
-			calib = append(calib, g)
+		if !(g.CostSeconds > 0) || len(g.SpeedSteps) > 0 {
+			continue
+		}
+		var units []*Group
+		if g.Latency.Count() >= minCalibrationRequests {
+			units = append(units, g)
+		}
+		if calm != nil && g.CalmLatency.Count() >= minCalibrationRequests && !math.IsNaN(g.CalmUtilisation) {
+			c := *g
+			c.Name = g.Name + " in the window's calmest stretch"
+			c.Latency, c.Utilisation, c.Rates = g.CalmLatency, g.CalmUtilisation, g.Rates[calm.From:calm.To]
+			units = append(units, &c)
+		}
+		all = append(all, units...)
+		for _, u := range units {
+			if u.Utilisation < lowUtilisation {
+				calib = append(calib, u)
+				break // the whole window's requests include the calm stretch's
+			}
 		}
 	}
 	if len(calib) == 0 {
 		var best *Group
-		for i := range md.Groups {
-			g := &md.Groups[i]
-			if g.Latency.Count() >= minCalibrationRequests && g.CostSeconds > 0 && (best == nil || g.Utilisation < best.Utilisation) {
-				best = g
+		for _, u := range all {
+			if best == nil || u.Utilisation < best.Utilisation {
+				best = u
 			}
 		}
 		if best == nil {
-			md.Assumptions = append(md.Assumptions, fmt.Sprintf("request costs vary with a coefficient of variation of %.1f (no group served %d requests with a latency histogram to fit it)", assumedCV, minCalibrationRequests))
-			return assumedCV, "assumed"
+			md.Assumptions = append(md.Assumptions, fmt.Sprintf("request costs are %s (no group with a steady speed served %d requests with a latency histogram to fit them)", assumedShape, minCalibrationRequests))
+			return CostFit{Shape: assumedShape, Assumed: true, From: "assumed"}
 		}
 		calib = []*Group{best}
 	}
-	score := func(cv float64) float64 {
-		total := 0.0
-		for _, g := range calib {
-			total += calibrationScore(g, cv, md.Step, seed)
-		}
-		return total
-	}
-	scores := make([]float64, len(cvGrid))
-	parallel(len(cvGrid), func(i int) { scores[i] = score(cvGrid[i]) })
-	best := 0
-	for i := range scores {
-		if scores[i] > scores[best] {
-			best = i
-		}
-	}
-	// Golden-section search on log CV between the best grid point's neighbours.
-	lo, hi := math.Log(cvGrid[max(best-1, 0)]), math.Log(cvGrid[min(best+1, len(cvGrid)-1)])
-	cv, bestScore := cvGrid[best], scores[best]
-	const phi = 0.6180339887498949
-	a, b := hi-phi*(hi-lo), lo+phi*(hi-lo)
-	fa, fb := score(math.Exp(a)), score(math.Exp(b))
-	for range 6 {
-		if fa > fb {
-			hi, b, fb = b, a, fa
-			a = hi - phi*(hi-lo)
-			fa = score(math.Exp(a))
-		} else {
-			lo, a, fa = a, b, fb
-			b = lo + phi*(hi-lo)
-			fb = score(math.Exp(b))
-		}
-	}
-	for _, c := range []struct{ x, f float64 }{{a, fa}, {b, fb}} {
-		if c.f > bestScore {
-			cv, bestScore = math.Exp(c.x), c.f
-		}
-	}
-	cv = math.Round(cv*100) / 100
+	fit := fitCostShape(calib, md.Step, seed)
 	var names []string
 	for _, g := range calib {
 		names = append(names, fmt.Sprintf("%s at %.0f%% of its CPU", g.Name, 100*g.Utilisation))
 	}
-	return cv, "fitted to the server-side latency histograms of " + strings.Join(names, ", ")
+	fit.From = "fitted to the server-side latency histograms of " + strings.Join(names, ", ")
+	return fit
 }
 
 // calibrationScore is the log-likelihood of g's measured latency buckets under a simulated pod of
-// g's shape with cost variability cv, at g's measured rate per pod over the window.
-func calibrationScore(g *Group, cv float64, step time.Duration, seed int64) float64 {
-	sc, err := calibrationScenario(g, cv, step, seed)
+// g's shape with the cost shape, at g's measured rate per pod over the window.
+func calibrationScore(g *Group, shape CostShape, step time.Duration, seed int64) float64 {
+	sc, err := calibrationScenario(g, shape, step, seed)
 	if err != nil {
 		return math.Inf(-1)
 	}
@@ -128,17 +104,28 @@ func calibrationScore(g *Group, cv float64, step time.Duration, seed int64) floa
 	shares := bucketCounts(simulated)
 	const alpha = 0.5 // keeps a bucket the simulation never hit from scoring −∞
 	total := simulated.Count() + alpha*float64(len(shares))
+	weight := math.Min(1, simulated.Count()/g.Latency.Count())
 	ll := 0.0
 	for b, n := range measured {
 		if n > 0 {
-			ll += n * math.Log((shares[b]+alpha)/total)
+			ll += weight * n * math.Log((shares[b]+alpha)/total)
 		}
 	}
 	return ll
 }
 
+// calibrationResolution is about how many requests g's calibration run simulates: one pod's
+// share of the group's requests, at most maxCalibrationRequests.
+func calibrationResolution(g *Group, step time.Duration) float64 {
+	expected := 0.0
+	for _, r := range fillGaps(g.Rates, g.RequestRate/float64(len(g.Pods))) {
+		expected += r * step.Seconds()
+	}
+	return math.Min(expected, maxCalibrationRequests)
+}
+
 // calibrationScenario is one pod of g's shape under g's measured rate per pod, step by step.
-func calibrationScenario(g *Group, cv float64, step time.Duration, seed int64) (*sim.Scenario, error) {
+func calibrationScenario(g *Group, shape CostShape, step time.Duration, seed int64) (*sim.Scenario, error) {
 	rates := fillGaps(g.Rates, g.RequestRate/float64(len(g.Pods)))
 	expected := 0.0
 	for _, r := range rates {
@@ -150,18 +137,18 @@ func calibrationScenario(g *Group, cv float64, step time.Duration, seed int64) (
 	}
 	stepSeconds = math.Max(5, math.Round(stepSeconds))
 	var b strings.Builder
-	fmt.Fprintf(&b, "name: cv-fit\nduration: %.0fs\nwarmup: 0s\nseed: %d\n", stepSeconds*float64(len(rates)), seed)
+	fmt.Fprintf(&b, "name: cost-fit\nduration: %.0fs\nwarmup: 0s\nseed: %d\n", stepSeconds*float64(len(rates)), seed)
 	fmt.Fprintf(&b, "load:\n  rps: %s\n  phases:\n", rps(rates[0]))
 	for k := 1; k < len(rates); k++ {
 		fmt.Fprintf(&b, "    - {at: %.0fs, rps: %s}\n", stepSeconds*float64(k), rps(rates[k]))
 	}
 	b.WriteString("clients: {proxies: 1, workers: 1, lb: random}\npods:\n")
-	fmt.Fprintf(&b, "  - {name: pod, replicas: 1, workers: %d, cores: %s, cpu_limit: %s, cost: {mean: %s, dist: lognormal, cv: %s}}\n",
-		workersFor(g.Cores), num(g.Cores), num(g.CPULimit), seconds(g.CostSeconds), num(cv))
+	fmt.Fprintf(&b, "  - {name: pod, replicas: 1, workers: %d, cores: %s, cpu_limit: %s, cost: %s}\n",
+		workersFor(g.Cores), num(g.Cores), num(g.CPULimit), costYAML(shape.Cost(secondsDuration(g.CostSeconds))))
 	if len(rates) == 1 {
-		return sim.ParseScenario([]byte(strings.Replace(b.String(), "  phases:\n", "", 1)), "cv-fit")
+		return sim.ParseScenario([]byte(strings.Replace(b.String(), "  phases:\n", "", 1)), "cost-fit")
 	}
-	return sim.ParseScenario([]byte(b.String()), "cv-fit")
+	return sim.ParseScenario([]byte(b.String()), "cost-fit")
 }
 
 // resample evaluates a cumulative histogram at other bounds, interpolating linearly inside its

@@ -30,13 +30,15 @@ type Model struct {
 	ClientLatency sim.Histogram
 	// Current is the policy in force over the window.
 	Current Policy
-	// CV is the request-cost variability, and CVFrom says how it was found.
-	CV     float64
-	CVFrom string
+	// Cost is the request-cost shape (family and parameters) and how each candidate fitted.
+	Cost CostFit
 	// Assumptions lists, in words, every fact that was assumed rather than measured or read.
 	Assumptions []string
 	// Notes are facts worth telling that change nothing.
 	Notes []string
+
+	// balancerFrom says where the clients' balancer came from.
+	balancerFrom Origin
 }
 
 // Group is a set of pods with the same CPU limit, node CPU count and cost per request (within
@@ -64,10 +66,27 @@ type Group struct {
 	P99         float64
 	// Utilisation is a pod's average CPU over its capacity (limit, or node CPUs).
 	Utilisation float64
+	// CalmLatency and CalmUtilisation are the pooled histogram and the utilisation over the
+	// window's calmest stretch (Measurements.Calm); empty when there is none.
+	CalmLatency     sim.Histogram
+	CalmUtilisation float64
 	// Rates is the group's mean rate per pod in each step, NaN where none served.
 	Rates []float64
+	// ReplicaSteps, for a group whose number of pods changed during the window, is that number
+	// from each change on (the first at the window's start); empty when it held.
+	ReplicaSteps []ReplicaStep
+	// SpeedSteps, for a group whose speed changed during the window, is its speed from each
+	// change on (the first at the window's start); empty for a group of steady speed.
+	SpeedSteps []SpeedStep
 
 	limitOrigin, coresOrigin Origin
+}
+
+// SpeedStep is a group's speed from a time on.
+type SpeedStep struct {
+	// At is the offset from the window's start.
+	At    time.Duration
+	Speed float64
 }
 
 // Policy is a balancing policy the way the simulator runs it.
@@ -120,8 +139,8 @@ func Fit(m *Measurements, opts Options) (*Model, error) {
 		return nil, err
 	}
 	md.current(m)
-	cv, how := fitCV(md, opts.Seed)
-	md.CV, md.CVFrom = cv, how
+	md.balancerFrom = m.Clients.LBOrigin
+	md.Cost = fitCost(md, m.Calm, opts.Seed)
 	data, err := md.renderYAML(m, opts.Seed)
 	if err != nil {
 		return nil, err
@@ -170,15 +189,24 @@ func (md *Model) group(m *Measurements) error {
 		p    *PodMeasurement
 		cost float64
 	}
-	var measured []costed
+	steps := len(m.Load)
+	var measured, changing []costed
 	var unmeasured []*PodMeasurement
+	profiles := map[*PodMeasurement][]costBlock{}
 	for i := range m.Pods {
 		p := &m.Pods[i]
-		if p.RequestRate > 0 && p.CPUCores > 0 {
-			measured = append(measured, costed{p, p.CPUCores / p.RequestRate})
-		} else {
+		switch {
+		case !(p.RequestRate > 0 && p.CPUCores > 0):
 			unmeasured = append(unmeasured, p)
+		case speedChanges(costBlocks([]*PodMeasurement{p}, steps, m.Step)):
+			profiles[p] = costBlocks([]*PodMeasurement{p}, steps, m.Step)
+			changing = append(changing, costed{p, p.CPUCores / p.RequestRate})
+		default:
+			measured = append(measured, costed{p, p.CPUCores / p.RequestRate})
 		}
+	}
+	if len(measured) == 0 && len(changing) > 0 {
+		measured, changing = changing, nil // every pod changed alike: nothing steady to set apart
 	}
 	if len(measured) == 0 {
 		return fmt.Errorf("%w: no pod of Service %s/%s has both CPU and requests between %s and %s, so no cost per request can be measured",
@@ -217,6 +245,24 @@ func (md *Model) group(m *Measurements) error {
 		}
 		md.addPod(g, c.p)
 	}
+	// A pod whose speed changed joins a group of pods of its shape that changed alike, step by
+	// step, never a steady one.
+	changed := map[*Group]bool{}
+	for _, c := range changing {
+		var g *Group
+		for _, cand := range groups {
+			if changed[cand] && cand.CPULimit == limitOf(c.p) && cand.Cores == c.p.NodeCores && sameProfile(profiles[podByName(m, cand.Pods[0])], profiles[c.p], steps) {
+				g = cand
+				break
+			}
+		}
+		if g == nil {
+			g = &Group{CPULimit: limitOf(c.p), HasCPULimit: c.p.HasCPULimit, Cores: c.p.NodeCores, limitOrigin: c.p.CPULimitOrigin, coresOrigin: c.p.NodeCoresOrigin}
+			groups = append(groups, g)
+			changed[g] = true
+		}
+		md.addPod(g, c.p)
+	}
 	// A pod without CPU or requests joins the largest group of its shape, or the largest.
 	joined := map[*PodMeasurement]*Group{}
 	for _, p := range unmeasured {
@@ -232,6 +278,7 @@ func (md *Model) group(m *Measurements) error {
 		joined[p] = best
 	}
 	for _, g := range groups {
+		g.windowAverages(m, steps)
 		g.CostSeconds = g.CPUCores / g.RequestRate
 		if g.CPUCores <= 0 || g.RequestRate <= 0 {
 			g.CostSeconds = math.NaN()
@@ -245,6 +292,15 @@ func (md *Model) group(m *Measurements) error {
 	}
 	sort.SliceStable(groups, func(i, j int) bool { return groups[i].CostSeconds < groups[j].CostSeconds })
 	for _, g := range groups {
+		if changed[g] {
+			var pods []*PodMeasurement
+			for _, name := range g.Pods {
+				pods = append(pods, podByName(m, name))
+			}
+			if st := speedSteps(costBlocks(pods, steps, m.Step), minCost, m.Step); len(st) > 1 {
+				g.SpeedSteps = st
+			}
+		}
 		g.Speed = minCost / g.CostSeconds
 		g.P99 = quantile(g.Latency, 0.99)
 		capacity := g.Cores
@@ -252,12 +308,22 @@ func (md *Model) group(m *Measurements) error {
 			capacity = math.Min(g.CPULimit, g.Cores)
 		}
 		g.Utilisation = g.CPUCores / float64(len(g.Pods)) / capacity
+		if m.Calm != nil {
+			g.CalmUtilisation = g.stretchUtilisation(m, *m.Calm, capacity)
+		}
 		coverage := 0.0
 		for _, name := range g.Pods {
 			coverage += podByName(m, name).Coverage
 		}
 		g.MeanPods = coverage
 		g.Replicas = max(1, int(math.Round(coverage)))
+		var pods []*PodMeasurement
+		for _, name := range g.Pods {
+			pods = append(pods, podByName(m, name))
+		}
+		if st := replicaSteps(pods, steps, m.Step); st != nil {
+			g.ReplicaSteps, g.Replicas = st, st[0].Replicas
+		}
 		g.Rates = meanRates(m, g.Pods)
 		slices.Sort(g.InstanceTypes)
 		g.InstanceTypes = slices.Compact(g.InstanceTypes)
@@ -272,6 +338,62 @@ func (md *Model) group(m *Measurements) error {
 	return nil
 }
 
+// windowAverages sets the group's CPU and request rate to the mean over the window's steps of
+// its pods' per-step values, where every pod has them. A pod that served part of the window then
+// counts for that part: over the whole window, VictoriaMetrics' rate() of a series that starts
+// or ends inside it is its rate while it existed, which would count a pod added half-way as if
+// it had served throughout.
+func (g *Group) windowAverages(m *Measurements, steps int) {
+	if steps == 0 {
+		return
+	}
+	cpu, rate := 0.0, 0.0
+	for _, name := range g.Pods {
+		p := podByName(m, name)
+		if len(p.CPUs) != steps || len(p.Rates) != steps || !(p.CPUCores > 0) {
+			return
+		}
+		measuredCPU := false
+		for k := range steps {
+			if !math.IsNaN(p.CPUs[k]) {
+				cpu += p.CPUs[k]
+				measuredCPU = true
+			}
+			if !math.IsNaN(p.Rates[k]) {
+				rate += p.Rates[k]
+			}
+		}
+		if !measuredCPU {
+			return
+		}
+	}
+	g.CPUCores, g.RequestRate = cpu/float64(steps), rate/float64(steps)
+}
+
+// stretchUtilisation is a pod's mean CPU over its capacity in the steps of a stretch, from the
+// per-step CPU of the pods serving in each; NaN when no step has it.
+func (g *Group) stretchUtilisation(m *Measurements, st Stretch, capacity float64) float64 {
+	sum, n := 0.0, 0
+	for k := st.From; k < st.To; k++ {
+		cpu, pods := 0.0, 0
+		for _, name := range g.Pods {
+			p := podByName(m, name)
+			if k < len(p.CPUs) && !math.IsNaN(p.CPUs[k]) && k < len(p.Rates) && !math.IsNaN(p.Rates[k]) {
+				cpu += p.CPUs[k]
+				pods++
+			}
+		}
+		if pods > 0 {
+			sum += cpu / float64(pods) / capacity
+			n++
+		}
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / float64(n)
+}
+
 func (md *Model) addPod(g *Group, p *PodMeasurement) {
 	g.Pods = append(g.Pods, p.Name)
 	if p.CPUCores > 0 {
@@ -281,6 +403,7 @@ func (md *Model) addPod(g *Group, p *PodMeasurement) {
 		g.RequestRate += p.RequestRate
 	}
 	g.Latency = g.Latency.Add(p.Latency)
+	g.CalmLatency = g.CalmLatency.Add(p.CalmLatency)
 	if p.InstanceType != "" {
 		g.InstanceTypes = append(g.InstanceTypes, p.InstanceType)
 	}

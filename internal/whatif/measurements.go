@@ -48,7 +48,14 @@ type Measurements struct {
 	CurrentWeights map[string]int
 	// Notes are facts worth telling the user that change nothing in the fit.
 	Notes []string
+	// Calm is the window's stretch of least load, whose latency histograms were read too (each
+	// pod's CalmLatency): the cost distribution is fitted where pods are least loaded. Nil when
+	// the load held too evenly for a calmer stretch to help.
+	Calm *Stretch
 }
+
+// Stretch is a run of steps [From, To) of Measurements.Load.
+type Stretch struct{ From, To int }
 
 // PodMeasurement is one pod of the Service over the stretch.
 type PodMeasurement struct {
@@ -57,10 +64,12 @@ type PodMeasurement struct {
 	CPUCores, RequestRate float64
 	// Coverage is the fraction of the stretch's steps in which the pod served.
 	Coverage float64
-	// Rates is the pod's request rate per step of Measurements.Load, NaN where it had none.
-	Rates []float64
-	// Latency is the pod's server-side latency histogram over the stretch.
-	Latency sim.Histogram
+	// Rates is the pod's request rate per step of Measurements.Load, NaN where it had none;
+	// CPUs its CPU (cores) per step, NaN where it has no value.
+	Rates, CPUs []float64
+	// Latency is the pod's server-side latency histogram over the stretch; CalmLatency over the
+	// calm stretch (Measurements.Calm).
+	Latency, CalmLatency sim.Histogram
 
 	// CPULimit is in cores; HasCPULimit false with a known origin means the pod has none.
 	CPULimit         float64

@@ -81,8 +81,8 @@ func (r *generatedReport) passTable() string {
 		} else {
 			add("no class slows down", rt.passed)
 		}
-		// The fit averages pods that came and went into constant groups: scaling is a cause of
-		// disagreement of its own.
+		// Pods that come and go are a fit of their own (before replica steps, the fit averaged
+		// them into constant groups), so the pass rate is told apart for them.
 		if scales(rt.drawn.Scenario) {
 			add("a class scales", rt.passed)
 		} else {

@@ -173,7 +173,7 @@ func roundTripGenerated(vm *vmtest.Server, reader *Reader, series int64, rt *gen
 		rt.err = fmt.Errorf("fitting: %w", err)
 		return
 	}
-	rt.fittedCost, rt.fittedCV = md.Scenario.Pods[0].Cost, md.CV
+	rt.fittedCost, rt.fittedCV = md.Scenario.Pods[0].Cost, md.Cost.Shape.OverallCV()
 	rt.groups, rt.classes = len(md.Groups), len(sc.Pods)
 	rt.costErr, rt.loadErr = groupCostError(&sc, md), loadStepError(&sc, md)
 	check, err := md.Check()

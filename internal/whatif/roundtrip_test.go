@@ -34,15 +34,20 @@ const (
 var roundTripScenarios = []struct {
 	name, file string
 }{
-	{"four cost groups (seed-fib)", "seed-fib.yaml"},
-	{"a single slow outlier", "slow-outlier.yaml"},
-	{"a ramp to twice the load", "load-doubling.yaml"},
-	{"three hardware generations", "three-gens-60.yaml"},
+	{"four cost groups (seed-fib)", "scenarios/seed-fib.yaml"},
+	{"a single slow outlier", "scenarios/slow-outlier.yaml"},
+	{"a ramp to twice the load", "scenarios/load-doubling.yaml"},
+	{"three hardware generations", "scenarios/three-gens-60.yaml"},
+	// Services the fit was not built with (issue 33): exponential costs; two pods slowing step
+	// by step while the load rises.
+	{"exponential costs on two generations", "whatif/whatif-exponential-two-gens.yaml"},
+	{"two pods slowing step by step", "whatif/whatif-neighbour-slows-two-pods.yaml"},
+	{"a scale-out during a flash crowd", "scenarios/flash-crowd-scale-out.yaml"},
 }
 
 func loadBenchScenario(t testing.TB, file string) *sim.Scenario {
 	t.Helper()
-	sc, err := sim.LoadScenarioFile(filepath.Join("..", "..", "bench", "scenarios", file))
+	sc, err := sim.LoadScenarioFile(filepath.Join("..", "..", "bench", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +111,7 @@ func TestRoundTrip_FittedScenarioMatchesTheOriginal(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("fitted scenario:\n%s", md.YAML)
+			t.Logf("request costs: %s; candidates: %s", md.Cost.Shape, md.Cost.candidatesText())
 			costErr, speedErr := compareGroups(t, orig, md)
 			loadErr := compareLoad(t, orig, md)
 			if got := md.Scenario.Clients.Proxies; got != orig.Clients.Proxies {
@@ -115,7 +121,7 @@ func TestRoundTrip_FittedScenarioMatchesTheOriginal(t *testing.T) {
 				t.Errorf("fitted network latency %.2f ms, the original %.2f ms", got, want)
 			}
 			t.Logf("| %s | %d of %d | %.2f%% | %.2f%% | %.1f%% | %.2f / %.2f | %.1f / %.1f ms |", tc.file, len(md.Groups), len(orig.Pods), 100*costErr, 100*speedErr, 100*loadErr,
-				md.CV, orig.Pods[0].Cost.CV, md.Scenario.Clients.NetworkLatency.Seconds()*1000, orig.Clients.NetworkLatency.Seconds()*1000)
+				md.Cost.Shape.OverallCV(), orig.Pods[0].Cost.CV, md.Scenario.Clients.NetworkLatency.Seconds()*1000, orig.Clients.NetworkLatency.Seconds()*1000)
 
 			check, err := md.Check()
 			if err != nil {
@@ -159,6 +165,13 @@ func compareGroups(t *testing.T, orig *sim.Scenario, md *Model) (costErr, speedE
 			t.Errorf("fitted group %s has no original of that name", g.Name)
 			continue
 		}
+		if g.Replicas != pg.Replicas || g.CPULimit != pg.CPULimit || g.Cores != pg.Cores {
+			t.Errorf("group %s: %d replicas, limit %v, %v cores; the original %d, %v, %v", g.Name, g.Replicas, g.CPULimit, g.Cores, pg.Replicas, pg.CPULimit, pg.Cores)
+		}
+		if changes := speedEvents(pg); len(changes) > 0 || len(g.SpeedSteps) > 0 {
+			speedErr = math.Max(speedErr, compareSpeedSteps(t, orig, pg, g, minCost))
+			continue
+		}
 		cost := pg.Cost.Mean.Seconds() / pg.Speed
 		costErr = math.Max(costErr, math.Abs(g.CostSeconds/cost-1))
 		if math.Abs(g.CostSeconds/cost-1) > costTolerance {
@@ -169,11 +182,57 @@ func compareGroups(t *testing.T, orig *sim.Scenario, md *Model) (costErr, speedE
 		if math.Abs(g.Speed/want-1) > costTolerance {
 			t.Errorf("group %s: speed %.3f, the original %.3f", g.Name, g.Speed, want)
 		}
-		if g.Replicas != pg.Replicas || g.CPULimit != pg.CPULimit || g.Cores != pg.Cores {
-			t.Errorf("group %s: %d replicas, limit %v, %v cores; the original %d, %v, %v", g.Name, g.Replicas, g.CPULimit, g.Cores, pg.Replicas, pg.CPULimit, pg.Cores)
-		}
 	}
 	return costErr, speedErr
+}
+
+// speedEvents are a pod group's speed changes.
+func speedEvents(pg *sim.PodGroup) []sim.PodEvent {
+	var out []sim.PodEvent
+	for _, ev := range pg.Events {
+		if ev.Speed != nil {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// compareSpeedSteps checks a group whose speed changes: the fit must have found the change, and
+// each fitted speed step must match the original's speed over the same stretch (relative to the
+// cheapest cost). It returns the largest relative error.
+func compareSpeedSteps(t *testing.T, orig *sim.Scenario, pg *sim.PodGroup, g Group, minCost float64) (worst float64) {
+	t.Helper()
+	if len(speedEvents(pg)) == 0 {
+		t.Errorf("group %s: fitted speed steps %s, but its speed never changes", g.Name, SpeedStepsText(g.SpeedSteps))
+		return math.Inf(1)
+	}
+	if len(g.SpeedSteps) == 0 {
+		t.Errorf("group %s: its speed changes, but the fit found one speed (%.3f)", g.Name, g.Speed)
+		return math.Inf(1)
+	}
+	speedAt := func(at float64) float64 {
+		speed := pg.Speed
+		for _, ev := range speedEvents(pg) {
+			if ev.At.Seconds() <= at {
+				speed = *ev.Speed
+			}
+		}
+		return speed
+	}
+	for i, st := range g.SpeedSteps {
+		// The step's middle, clear of the stretch boundaries a change falls between.
+		end := orig.Duration.Seconds()
+		if i+1 < len(g.SpeedSteps) {
+			end = orig.Warmup.Seconds() + g.SpeedSteps[i+1].At.Seconds()
+		}
+		mid := (orig.Warmup.Seconds() + st.At.Seconds() + end) / 2
+		want := minCost / (pg.Cost.Mean.Seconds() / speedAt(mid))
+		worst = math.Max(worst, math.Abs(st.Speed/want-1))
+		if math.Abs(st.Speed/want-1) > costTolerance {
+			t.Errorf("group %s: speed %.3f from %v, the original %.3f", g.Name, st.Speed, st.At, want)
+		}
+	}
+	return worst
 }
 
 // compareLoad checks each step's fitted rate against the mean offered rate of the original over
@@ -273,7 +332,7 @@ func minOf(xs []float64) float64 {
 func TestRoundTrip_AWeightedServiceIsCheckedUnderItsWeights(t *testing.T) {
 	vm := vmtest.Start(t)
 	reader := newReader(t, vm.URL)
-	orig := loadBenchScenario(t, "three-gens-60.yaml")
+	orig := loadBenchScenario(t, "scenarios/three-gens-60.yaml")
 	start := pastStart()
 	text, r := exportRun(t, orig, sim.PolicyCapacity, "weighted", "web", start)
 	vm.ImportText(t, text)

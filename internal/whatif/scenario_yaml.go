@@ -83,7 +83,11 @@ func (md *Model) renderYAML(m *Measurements, seed int64) ([]byte, error) {
 			g.Name, listNames(slices.Sorted(slices.Values(g.Pods))), types, g.RequestRate, g.CPUCores, 100*g.Utilisation, ms(g.P99))
 		y.line(1, "- name: "+g.Name, "")
 		in := 2
-		y.field(in, "replicas", fmt.Sprint(g.Replicas), fmt.Sprintf("measured: pods in service over the window (%.2f on average)", g.MeanPods))
+		if len(g.ReplicaSteps) > 0 {
+			y.field(in, "replicas", fmt.Sprint(g.Replicas), fmt.Sprintf("measured: pods serving in the window's first step (%.2f on average over the window)", g.MeanPods))
+		} else {
+			y.field(in, "replicas", fmt.Sprint(g.Replicas), fmt.Sprintf("measured: pods in service over the window (%.2f on average)", g.MeanPods))
+		}
 		y.field(in, "workers", fmt.Sprint(workersFor(g.Cores)), "assumed: one request in service per node CPU")
 		workersAssumed = true
 		y.field(in, "cores", num(g.Cores), originNote(g.coresOrigin, "the node's CPU count", "kube_node_status_capacity"))
@@ -92,19 +96,44 @@ func (md *Model) renderYAML(m *Measurements, seed int64) ([]byte, error) {
 			limitNote = "cluster: the pods have no CPU limit"
 		}
 		y.field(in, "cpu_limit", num(g.CPULimit), limitNote)
-		y.field(in, "speed", num(g.Speed), fmt.Sprintf("measured: the cheapest group's cost per request (%s) over this group's (%s)", seconds(md.Groups[0].CostSeconds), seconds(g.CostSeconds)))
-		y.key(in, "cost")
-		y.field(in+1, "mean", seconds(md.Groups[0].CostSeconds), "measured: CPU-seconds per request of the cheapest group (cAdvisor CPU over Istio requests)")
-		y.field(in+1, "dist", "lognormal", "assumed: request costs are lognormal")
-		y.field(in+1, "cv", num(md.CV), md.CVFrom)
+		if len(g.SpeedSteps) > 0 {
+			y.field(in, "speed", num(g.SpeedSteps[0].Speed), fmt.Sprintf("measured: the cheapest group's cost per request (%s) over this group's in the window's first steps; it changed during the window (%s on average)", seconds(md.Groups[0].CostSeconds), num(g.Speed)))
+		} else {
+			y.field(in, "speed", num(g.Speed), fmt.Sprintf("measured: the cheapest group's cost per request (%s) over this group's (%s)", seconds(md.Groups[0].CostSeconds), seconds(g.CostSeconds)))
+		}
+		shapeNote := "measured: " + md.Cost.From
+		if md.Cost.Assumed {
+			shapeNote = "assumed: no histogram to fit the family to"
+		}
+		y.comment("    cost: the cheapest group's CPU-seconds per request (cAdvisor CPU over Istio requests), measured;")
+		y.comment("    its distribution %s, %s", md.Cost.Shape, shapeNote)
+		y.field(in, "cost", costYAML(md.Cost.Shape.Cost(secondsDuration(md.Groups[0].CostSeconds))), "")
+		if len(g.SpeedSteps) > 1 || len(g.ReplicaSteps) > 1 {
+			y.keyComment(in, "events", "measured: the pods serving in each step, and the group's CPU per request in each stretch")
+			type event struct {
+				at   time.Duration
+				text string
+			}
+			var events []event
+			for _, st := range g.ReplicaSteps[min(1, len(g.ReplicaSteps)):] {
+				events = append(events, event{st.At, fmt.Sprintf("replicas: %d", st.Replicas)})
+			}
+			for _, st := range g.SpeedSteps[min(1, len(g.SpeedSteps)):] {
+				events = append(events, event{st.At, "speed: " + num(st.Speed)})
+			}
+			slices.SortStableFunc(events, func(a, b event) int { return int(a.at - b.at) })
+			for _, ev := range events {
+				y.line(in+1, fmt.Sprintf("- {at: %s, %s}", seconds(md.Warmup.Seconds()+ev.at.Seconds()), ev.text), "")
+			}
+		}
 	}
 	if workersAssumed {
 		md.assume("a pod serves as many requests at once as its node has CPUs, and queues the rest")
 	}
-	md.assume("request costs are lognormal, with one coefficient of variation for the whole Service")
-	for i := range m.Pods {
-		if m.Pods[i].Coverage < 0.9 {
-			md.Notes = append(md.Notes, "pods joined or left during the window: each group holds its average number of pods throughout")
+	md.assume("one request-cost distribution for the whole Service (hardware divides every request's cost by its speed)")
+	for _, g := range md.Groups {
+		if len(g.ReplicaSteps) == 0 && g.MeanPods < float64(len(g.Pods))-0.1 {
+			md.Notes = append(md.Notes, "pods joined or left during the window without changing how many served at once (a rolling restart): each group holds its average number of pods throughout")
 			break
 		}
 	}

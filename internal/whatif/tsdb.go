@@ -34,6 +34,9 @@ type Reader struct {
 	Timeout time.Duration
 	// Address names the TSDB in messages.
 	Address string
+	// CPUQuery is the operator's CPU query template (--tsdb-query-cpu), read per step to follow
+	// a speed that changes during the window; metrics.DefaultCPUQuery when empty.
+	CPUQuery string
 }
 
 // Window is the stretch of time to read a Service over.
@@ -242,6 +245,9 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 	if batch.Observations == nil {
 		return fmt.Errorf("reading the pods' CPU, rate and latency from %s: %w", q.r.Address, fetchErr)
 	}
+	if err := q.readCPUPerStep(m, names, steps); err != nil {
+		return err
+	}
 	var noCPU, noHistogram []string
 	for i, obs := range batch.Observations {
 		p := &m.Pods[i]
@@ -271,6 +277,9 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 	if err := q.checkIstioNames(m, names, noHistogram); err != nil {
 		return err
 	}
+	if err := q.readCalmStretch(m, req); err != nil {
+		return err
+	}
 	// The pooled server-side histogram's sum, for the network latency (the per-pod buckets carry
 	// no sum).
 	sum, err := q.scalar(fmt.Sprintf(`sum(increase(istio_request_duration_milliseconds_sum{%s}[%s]))`, q.dest(), promDuration(window)), m.To)
@@ -278,6 +287,96 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 		return err
 	}
 	m.ServerLatency.SumMS = sum
+	return nil
+}
+
+// readCalmStretch finds the window's calmest stretch and reads each pod's latency histogram over
+// it, through the operator's metrics source as for the whole window.
+func (q *queries) readCalmStretch(m *Measurements, whole metrics.Request) error {
+	calm := calmestStretch(m.Load)
+	if calm == nil {
+		return nil
+	}
+	req := whole
+	req.Now = m.From.Add(time.Duration(calm.To) * m.Step)
+	req.Window = time.Duration(calm.To-calm.From) * m.Step
+	req.Interval = req.Window
+	batch, err := q.r.Source.Fetch(q.ctx, req)
+	if batch.Observations == nil {
+		return fmt.Errorf("reading the pods' latency over the window's calmest stretch from %s: %w", q.r.Address, err)
+	}
+	for i, obs := range batch.Observations {
+		if len(obs.LatencyBuckets) > 0 {
+			m.Pods[i].CalmLatency = histogramFromBuckets(obs.LatencyBuckets)
+		}
+	}
+	m.Calm = calm
+	return nil
+}
+
+// calmStretchLoad is how much below the window's mean load a stretch must run to be worth
+// fitting the cost distribution on: a fifth.
+const calmStretchLoad = 0.8
+
+// calmestStretch is the run of a quarter of the window's steps (at least 4) with the least mean
+// load, or nil when it is not calmStretchLoad below the window's mean or the window is too short.
+func calmestStretch(load []float64) *Stretch {
+	n := max(4, len(load)/4)
+	if len(load) < 2*n {
+		return nil
+	}
+	filled := fillGaps(load, 0)
+	sum := 0.0
+	for _, v := range filled {
+		sum += v
+	}
+	mean := sum / float64(len(filled))
+	best, bestSum := 0, math.Inf(1)
+	run := 0.0
+	for k, v := range filled {
+		run += v
+		if k >= n {
+			run -= filled[k-n]
+		}
+		if k >= n-1 && run < bestSum {
+			best, bestSum = k-n+1, run
+		}
+	}
+	if bestSum/float64(n) > calmStretchLoad*mean {
+		return nil
+	}
+	return &Stretch{From: best, To: best + n}
+}
+
+// readCPUPerStep reads each pod's CPU in each step through the operator's CPU query, so that a
+// speed that changes during the window can be seen in the CPU per request of each step.
+func (q *queries) readCPUPerStep(m *Measurements, names []string, steps int) error {
+	text := q.r.CPUQuery
+	if text == "" {
+		text = metrics.DefaultCPUQuery
+	}
+	query, err := metrics.RenderQuery("cpu", text, metrics.NewTemplateData([]string{m.Namespace}, podRegex(names), m.Step, q.r.Labels))
+	if err != nil {
+		return err
+	}
+	mat, err := q.rangeQuery(query, m.From.Add(m.Step), m.To, m.Step)
+	if err != nil {
+		return err
+	}
+	byName := map[string][]float64{}
+	for _, s := range mat {
+		byName[string(s.Metric[model.LabelName(q.r.Labels.Pod)])] = valuesPerStep(s.Values, m.From, m.Step, steps)
+	}
+	for i := range m.Pods {
+		p := &m.Pods[i]
+		p.CPUs = byName[p.Name]
+		if p.CPUs == nil {
+			p.CPUs = make([]float64, steps)
+			for k := range p.CPUs {
+				p.CPUs[k] = math.NaN()
+			}
+		}
+	}
 	return nil
 }
 
