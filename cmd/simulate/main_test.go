@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -74,5 +75,32 @@ func TestSimulateMain_HelpHasNoHiddenFlagsAndNamesItsCommand(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "--from-tsdb string") || !strings.Contains(out.String(), "go run ./cmd/simulate --policies") {
 		t.Fatalf("help:\n%s", out.String())
+	}
+}
+
+// The README's Quick start is two commands, and the first is this package: the one a new user
+// runs before anything else must stay the light one.
+func TestReadme_QuickStartsFirstCommandIsTheSimulatorAlone(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	_, quickStart, ok := strings.Cut(readme, "## Quick start\n")
+	if !ok {
+		t.Fatal("README.md has no Quick start section")
+	}
+	_, block, ok := strings.Cut(quickStart, "```sh\n")
+	block, _, closed := strings.Cut(block, "```")
+	if !ok || !closed {
+		t.Fatal("README.md's Quick start has no sh block")
+	}
+	var commands []string
+	for _, line := range strings.Split(strings.TrimSpace(block), "\n") {
+		command, _, _ := strings.Cut(line, "#")
+		commands = append(commands, strings.TrimSpace(command))
+	}
+	if len(commands) != 2 || commands[0] != "go run ./cmd/simulate" || commands[1] != "make test" {
+		t.Fatalf("the Quick start's commands are %q, want [go run ./cmd/simulate, make test]", commands)
 	}
 }
