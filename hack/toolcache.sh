@@ -91,19 +91,19 @@ toolcache_dir() {
   echo "$root/$1/$id"
 }
 
-# toolcache_minutes NAME prints roughly how long NAME takes to build on 2 cores with empty Go
-# caches, as measured (docs/benchmarks.md, "Test components"). Later builds share the Go build
-# cache and take less.
-toolcache_minutes() {
+# toolcache_estimate NAME says roughly how long NAME takes to build on 2 cores in a first `make
+# test` (empty Go caches, the components built in the Makefile's order), as measured in
+# docs/benchmarks.md ("The README's two commands"). It includes downloading its modules.
+toolcache_estimate() {
   case $1 in
-    kube-apiserver) echo 9 ;;
-    etcd) echo 2 ;;
-    kube-controller-manager) echo 5 ;;
-    victoria-metrics) echo 3 ;;
-    helm) echo 4 ;;
-    kustomize) echo 2 ;;
-    controller-gen) echo 2 ;;
-    istio) echo 1 ;;
+    kube-apiserver) echo "about 6 min on 2 cores with empty Go caches" ;;
+    etcd) echo "about 1 min on 2 cores after kube-apiserver" ;;
+    kube-controller-manager) echo "about 2 min on 2 cores after kube-apiserver, whose packages it shares" ;;
+    victoria-metrics) echo "under a minute on 2 cores" ;;
+    helm) echo "about 2 min on 2 cores after the Kubernetes components" ;;
+    kustomize) echo "under a minute on 2 cores after helm" ;;
+    controller-gen) echo "under a minute on 2 cores after the Kubernetes components" ;;
+    istio) echo "a few seconds, most of it the download" ;;
   esac
 }
 
@@ -126,7 +126,7 @@ toolcache_build() {
   local tmp
   tmp=$(mktemp -d "$parent/.building-$id.XXXXXX")
   chmod 755 "$tmp"
-  echo "Building $name ${id%-*} ($what) into $dest: about $(toolcache_minutes "$name") min on 2 cores with empty Go caches, once per user and version..."
+  echo "Building $name ${id%-*} ($what) into $dest: $(toolcache_estimate "$name"), once per user and version..."
   local start=$SECONDS
   # The build runs in a subshell with errexit on, so that its first failing command fails it (in
   # the condition of an if, bash would ignore errexit inside the function).
