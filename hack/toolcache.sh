@@ -9,7 +9,8 @@
 # changed pin gives a new ID, so only that component is rebuilt and an old version's folder is
 # never taken for the new one. A component is built into a temporary folder beside its own and
 # renamed when complete: a folder that exists is a finished build; an interrupted build leaves
-# only a temporary folder, which the next build removes.
+# only a temporary folder (.building-ID.pidPID.*), which the next build removes once process PID
+# is gone.
 #
 #   hack/toolcache.sh id NAME     prints NAME's ID
 #   hack/toolcache.sh dir NAME    prints TOOLS_DIR/NAME/ID; for NAME envtest, the KUBEBUILDER_ASSETS
@@ -121,10 +122,19 @@ toolcache_build() {
   id=${dest##*/}
   local parent=${dest%/*}
   mkdir -p "$parent"
-  # Leftovers of an interrupted build of this version.
-  rm -rf "$parent/.building-$id".*
+  # Leftovers of an interrupted build of this version: a temporary folder whose builder is gone.
+  # One whose builder runs (another checkout building the same version now) is left alone.
+  local leftover pid
+  for leftover in "$parent/.building-$id".pid*; do
+    [[ -e "$leftover" ]] || continue
+    pid=${leftover##*.pid}
+    pid=${pid%%.*}
+    if ! kill -0 "$pid" 2>/dev/null; then
+      rm -rf "$leftover"
+    fi
+  done
   local tmp
-  tmp=$(mktemp -d "$parent/.building-$id.XXXXXX")
+  tmp=$(mktemp -d "$parent/.building-$id.pid$$.XXXXXX")
   chmod 755 "$tmp"
   echo "Building $name ${id%-*} ($what) into $dest: $(toolcache_estimate "$name"), once per user and version..."
   local start=$SECONDS
@@ -146,6 +156,7 @@ toolcache_build() {
   fi
   echo "built from $(cd "$toolcache_hack/.." && pwd) at $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(go env GOVERSION) for $(go env GOOS)/$(go env GOARCH)" >"$tmp/BUILD-INFO"
   # Another checkout may have finished the same build meanwhile; its folder is as good as ours.
+  # (Should it finish between this test and the rename, ours lands inside its folder, unused.)
   if [[ -d "$dest" ]]; then
     rm -rf "$tmp"
   else

@@ -4,6 +4,7 @@
 package toolcache
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,14 +227,19 @@ func TestToolcache_OnlyACompleteBuildCountsAsBuilt(t *testing.T) {
 	if !strings.Contains(out, "failed (see above); nothing was cached") {
 		t.Errorf("the failure does not say that nothing was cached:\n%s", out)
 	}
-	// So does one that is killed: its temporary folder is cleared by the next build.
-	if err := os.MkdirAll(filepath.Join(tools, "helm"), 0o755); err != nil {
+	// So does one that is killed: its temporary folder is cleared by the next build, once its
+	// builder is gone; the folder of a build still running (another checkout's) is left alone.
+	id := strings.TrimSpace(run(t, repo, cleanEnv("HOME="+t.TempDir()), "hack/toolcache.sh", "id", "helm"))
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
 		t.Fatal(err)
 	}
-	id := strings.TrimSpace(run(t, repo, cleanEnv("HOME="+t.TempDir()), "hack/toolcache.sh", "id", "helm"))
-	killed := filepath.Join(tools, "helm", ".building-"+id+".abcdef")
-	if err := os.MkdirAll(killed, 0o755); err != nil {
-		t.Fatal(err)
+	killed := filepath.Join(tools, "helm", fmt.Sprintf(".building-%s.pid%d.abcdef", id, gone.Process.Pid))
+	running := filepath.Join(tools, "helm", fmt.Sprintf(".building-%s.pid%d.abcdef", id, os.Getpid()))
+	for _, dir := range []string{killed, running} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// A build that succeeds says what it builds, for what and roughly how long it takes.
@@ -252,6 +258,12 @@ func TestToolcache_OnlyACompleteBuildCountsAsBuilt(t *testing.T) {
 	}
 	if _, err := os.Stat(killed); !os.IsNotExist(err) {
 		t.Errorf("the killed build's folder %s is still there", killed)
+	}
+	if _, err := os.Stat(running); err != nil {
+		t.Errorf("the folder of a build still running was removed: %v", err)
+	}
+	if err := os.Remove(running); err != nil {
+		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(filepath.Join(tools, "helm"))
 	if len(entries) != 1 {
