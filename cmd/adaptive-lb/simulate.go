@@ -57,6 +57,11 @@ func (o *simulateOptions) complete(cmd *cobra.Command) error {
 	return o.LoadScenario(cmd)
 }
 
+// writeFiles writes the --json report with the what-if's part, and the --plot, when asked for.
+func (o *simulateOptions) writeFiles(sc *sim.Scenario, results []*sim.Result, whatIf *whatIfReport) error {
+	return o.WriteFiles(sc, results, whatIf)
+}
+
 // What bench shares with simulate, under the names bench uses.
 const (
 	noLagFlag    = simcli.NoLagFlag

@@ -196,7 +196,7 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 	}
 	report := &whatIfReport{Namespace: md.Namespace, Service: md.Service, From: md.From, To: md.To, Current: md.Current.Name,
 		Check: checkReport(check), Assumptions: md.Assumptions, Advice: pred.Advice.Text}
-	if err := o.WriteFiles(md.Scenario, pred.Results, report); err != nil {
+	if err := o.writeFiles(md.Scenario, pred.Results, report); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "Prediction on the window's load (simulated time %v is %s; the first %v are warm-up):\n\n", md.Warmup, md.From.UTC().Format(time.RFC3339), md.Warmup)
