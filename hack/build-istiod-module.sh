@@ -9,36 +9,35 @@
 # pkg/config/xds/filter_types.gen.go imports only for their side effect (registering proto types
 # for EnvoyFilter validation); this script drops exactly those blank imports from its own copy
 # of the module and links the copy to test/istiod/.cache/istio, which test/istiod/go.mod replaces
-# istio.io/istio with. Nothing else in the copy is changed.
+# istio.io/istio with. Nothing else in the copy is changed, but for the BUILD-INFO file the tool
+# cache adds.
 #
-# Usage: hack/build-istiod-module.sh DIR   (the patched copy goes to DIR; idempotent)
+# The copy goes to the tool cache (hack/toolcache.sh), in a folder named after istio_version and a
+# hash of this script, so a change to either prepares a new copy.
+# Usage: TOOLS_DIR=DIR hack/build-istiod-module.sh   (idempotent)
 set -euo pipefail
 
-dest=${1:?usage: $0 DIR}
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/toolcache.sh"
 module_dir="$here/../test/istiod"
 istio_version=v0.0.0-20260827124520-eed52ebb66ad
 contrib_version=v1.36.0
-mkdir -p "$dest"
-dest=$(cd "$dest" && pwd)
-copy="$dest/istio-$istio_version"
 
-stamp=$(printf '%s\n%s\n' "$istio_version" "$contrib_version" | cat - "$0" | sha256sum | cut -d' ' -f1)
-if [[ ! -f "$copy/.stamp" || "$(cat "$copy/.stamp")" != "$stamp" ]]; then
-  echo "Preparing istio.io/istio@$istio_version for the istiod tests in $copy..."
+prepare() {
+  local copy=$1
   export GOFLAGS=-mod=mod
+  local tmp
   tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
+  trap 'rm -rf "$tmp"' RETURN
   # Downloading outside any module keeps this independent of test/istiod's go.mod.
+  local src contrib
   src=$(cd "$tmp" && go mod download -json "istio.io/istio@$istio_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
   contrib=$(cd "$tmp" && go mod download -json "github.com/envoyproxy/go-control-plane/contrib@$contrib_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  [[ -d "$src" && -d "$contrib" ]] || { echo "download of istio.io/istio or go-control-plane/contrib failed" >&2; exit 1; }
+  [[ -d "$src" && -d "$contrib" ]] || { echo "download of istio.io/istio or go-control-plane/contrib failed" >&2; return 1; }
 
-  rm -rf "$copy.tmp"
-  cp -r "$src" "$copy.tmp"
-  chmod -R u+w "$copy.tmp"
-  gen="$copy.tmp/pkg/config/xds/filter_types.gen.go"
-  dropped=0
+  cp -r "$src/." "$copy/"
+  chmod -R u+w "$copy"
+  local gen="$copy/pkg/config/xds/filter_types.gen.go" dropped=0 pkg
   while read -r pkg; do
     if [[ ! -d "$contrib/${pkg#github.com/envoyproxy/go-control-plane/contrib/}" ]]; then
       grep -vF "_ \"$pkg\"" "$gen" > "$gen.new"
@@ -48,10 +47,8 @@ if [[ ! -f "$copy/.stamp" || "$(cat "$copy/.stamp")" != "$stamp" ]]; then
     fi
   done < <(sed -n 's/^\t_ "\(github.com\/envoyproxy\/go-control-plane\/contrib\/[^"]*\)"$/\1/p' "$gen")
   echo "  $dropped blank imports dropped"
-  rm -rf "$copy"
-  mv "$copy.tmp" "$copy"
-  echo "$stamp" > "$copy/.stamp"
-fi
+}
+toolcache_build istio "the istiod differential tests, patched" prepare go.mod
 
 mkdir -p "$module_dir/.cache"
-ln -sfn "$copy" "$module_dir/.cache/istio"
+ln -sfn "$(toolcache_dir istio)" "$module_dir/.cache/istio"

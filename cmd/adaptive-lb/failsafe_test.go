@@ -169,7 +169,7 @@ func TestFailsafe_UninstallDeletesTheServiceEntriesOnceTheOperatorIsGone(t *test
 // deletion of its stale ServiceEntry by the watchdog (--stale-after 30s, --check-interval 5s):
 // the lease's last renewal precedes the crash by up to the retry period.
 //
-//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s go test -run '^$' -bench FailsafeFallback -benchtime 1x ./cmd/adaptive-lb/
+//	make envtest-assets && eval "$(make -s test-env)" && go test -run '^$' -bench FailsafeFallback -benchtime 1x ./cmd/adaptive-lb/
 func BenchmarkFailsafeFallback(b *testing.B) {
 	c := newOpsCluster(b)
 	c.setReady(3)

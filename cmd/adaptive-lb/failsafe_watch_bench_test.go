@@ -30,7 +30,7 @@ import (
 // stacks, what counts against a memory limit; its binary's mapped pages do not stay) once synced
 // and its peak while starting, first watching a namespace without Services, then all of them.
 //
-//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s \
+//	make envtest-assets && eval "$(make -s test-env)" && \
 //	  go test -run '^$' -bench FailsafeWatchMemory -benchtime 1x ./cmd/adaptive-lb/
 func BenchmarkFailsafeWatchMemory(b *testing.B) {
 	services := scaleSize("ADAPTIVELB_BENCH_FAILSAFE_SERVICES", 10000)

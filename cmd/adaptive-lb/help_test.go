@@ -65,12 +65,12 @@ func TestSimulate_WarmupFlagOverridesTheScenarioOnlyWhenGiven(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.wantWarmup == "" {
-				if o.scenario.Warmup.Duration <= 0 {
-					t.Fatalf("the built-in scenario's warm-up was replaced by %v", o.scenario.Warmup.Duration)
+				if o.Scenario.Warmup.Duration <= 0 {
+					t.Fatalf("the built-in scenario's warm-up was replaced by %v", o.Scenario.Warmup.Duration)
 				}
 				return
 			}
-			if got := o.scenario.Warmup.Duration.String(); got != tc.wantWarmup {
+			if got := o.Scenario.Warmup.Duration.String(); got != tc.wantWarmup {
 				t.Fatalf("warm-up %s, want %s", got, tc.wantWarmup)
 			}
 		})

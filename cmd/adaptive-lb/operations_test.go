@@ -288,7 +288,7 @@ func (c *opsCluster) recordServiceEntrySpecs() func() []string {
 // the leader's stop to the standby's ServiceEntry write, after a crash (the lease must expire:
 // 4 s here) and after a graceful stop (the lease is released).
 //
-//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s go test -run '^$' -bench Failover -benchtime 1x ./cmd/adaptive-lb/
+//	make envtest-assets && eval "$(make -s test-env)" && go test -run '^$' -bench Failover -benchtime 1x ./cmd/adaptive-lb/
 func BenchmarkFailover(b *testing.B) {
 	c := newOpsCluster(b)
 	for b.Loop() {
@@ -448,7 +448,7 @@ func TestRun_ResumesAfterTheAPIServerWasDown(t *testing.T) {
 // to the ServiceEntry reflecting an endpoint change made right after the restart. One replica,
 // lease duration 4 s, renew deadline 3 s, retry period 500 ms.
 //
-//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s go test -run '^$' -bench APIServerOutageRecovery -benchtime 1x ./cmd/adaptive-lb/
+//	make envtest-assets && eval "$(make -s test-env)" && go test -run '^$' -bench APIServerOutageRecovery -benchtime 1x ./cmd/adaptive-lb/
 func BenchmarkAPIServerOutageRecovery(b *testing.B) {
 	c := newOpsCluster(b)
 	c.setReady(3)

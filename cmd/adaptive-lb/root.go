@@ -6,16 +6,19 @@ import (
 	"io"
 
 	"github.com/spf13/cobra"
+
+	"github.com/adaptive-lb/adaptive-lb/internal/simcli"
 )
 
 // Exit codes. Scripts rely on bad input being distinguishable from a failed run.
 const (
-	exitOK         = 0
-	exitFailure    = 1
-	exitUsageError = 2
+	exitOK         = simcli.ExitOK
+	exitFailure    = simcli.ExitFailure
+	exitUsageError = simcli.ExitUsageError
 )
 
-// usageError marks an error caused by the user's input (flags, files); it exits with status 2.
+// usageError marks an error caused by the user's input (flags, files); it exits with status 2,
+// as simcli.UsageError does, which the simulate and bench commands return.
 type usageError struct{ err error }
 
 func (e usageError) Error() string { return e.err.Error() }
@@ -60,19 +63,8 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "Error: %v\n", err)
 	var ue usageError
-	if errors.As(err, &ue) || isCobraUsageError(err) {
+	if errors.As(err, &ue) || simcli.IsUsageError(err) {
 		return exitUsageError
 	}
 	return exitFailure
-}
-
-// isCobraUsageError recognises cobra's own argument errors, which are plain errors.
-func isCobraUsageError(err error) bool {
-	msg := err.Error()
-	for _, prefix := range []string{"unknown command", "unknown flag", "unknown shorthand flag", "accepts ", "requires at least", "invalid argument"} {
-		if len(msg) >= len(prefix) && msg[:len(prefix)] == prefix {
-			return true
-		}
-	}
-	return false
 }

@@ -72,7 +72,7 @@ func scaleSize(name string, def int) int {
 // endpoint churn afterwards (where no list call may appear); and the weight cycle's mean
 // duration, with the mean of each of its phases (adaptivelb_weight_cycle_phase_seconds).
 //
-//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s \
+//	make envtest-assets && eval "$(make -s test-env)" && \
 //	  go test -run '^$' -bench Scale_20kPods -benchtime 1x -timeout 30m ./cmd/adaptive-lb/
 //
 // ADAPTIVELB_BENCH_SCALE_SERVICES and ADAPTIVELB_BENCH_SCALE_OPTED change the counts (OPTED at

@@ -184,8 +184,8 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 		m.ApplyCluster(*facts)
 	}
 	opts := whatif.Options{}
-	if o.seedSet {
-		opts.Seed = o.seed
+	if o.SeedSet {
+		opts.Seed = o.Seed
 	}
 	md, err := whatif.Fit(m, opts)
 	if err != nil {
@@ -209,8 +209,8 @@ func (o *simulateOptions) runWhatIf(ctx context.Context, stdout, stderr io.Write
 	if err := check.Err(); err != nil {
 		return err
 	}
-	policies := o.policies
-	if !o.policiesSet {
+	policies := o.Policies
+	if !o.PoliciesSet {
 		policies = whatif.PredictedPolicies
 	}
 	pred, err := md.Predict(check, policies)

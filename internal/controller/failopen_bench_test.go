@@ -23,7 +23,7 @@ import (
 // passed, every fallback in the same cycle (the write budget never defers one). It reports the
 // rate and the time the burst would take at 10,000 Services.
 //
-//	make test-assets && KUBEBUILDER_ASSETS=$TOOLS_DIR/k8s go test -run '^$' -bench FallbackBurst -benchtime 3x ./internal/controller/
+//	make test-assets && eval "$(make -s test-env)" && go test -run '^$' -bench FallbackBurst -benchtime 3x ./internal/controller/
 //
 // ADAPTIVELB_BENCH_FALLBACK_SERVICES changes the number of ServiceEntries (default 1,000).
 func BenchmarkFallbackBurst(b *testing.B) {

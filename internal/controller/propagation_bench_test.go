@@ -28,7 +28,7 @@ import (
 // event reaching the operator to the ServiceEntry reflecting it (the measure behind
 // adaptivelb_endpoint_propagation_seconds), and the endpoints still missing or stale at the end.
 //
-//	make envtest-assets && KUBEBUILDER_ASSETS=$PWD/.cache/tools/k8s \
+//	make envtest-assets && eval "$(make -s test-env)" && \
 //	  go test -run '^$' -bench EndpointPropagation -benchtime 1x -timeout 20m ./internal/controller/
 //
 // ADAPTIVELB_BENCH_RATE sets another rate of changes per second.

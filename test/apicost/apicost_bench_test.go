@@ -35,7 +35,7 @@ const benchGroup = "apicost.adaptivelb.io"
 // endpoint changing each time (as the mirror's write of one slice after an endpoint change),
 // and reports kube-apiserver's CPU per update, its idle CPU over the same time subtracted:
 //
-//	KUBEBUILDER_ASSETS=$TOOLS_DIR/k8s go test -run '^$' -bench APIServerCPUPerUpdate -benchtime 1x ./test/apicost/
+//	eval "$(make -s test-env)" && go test -run '^$' -bench APIServerCPUPerUpdate -benchtime 1x ./test/apicost/
 func BenchmarkAPIServerCPUPerUpdate(b *testing.B) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		b.Skip("KUBEBUILDER_ASSETS is not set: run `make envtest-assets`")
