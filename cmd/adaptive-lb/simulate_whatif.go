@@ -113,16 +113,25 @@ type costReport struct {
 }
 
 type costCandidateRow struct {
-	Family        string  `json:"family"`
-	Fitted        string  `json:"fitted"`
-	LogLikelihood float64 `json:"log_likelihood"`
-	Score         float64 `json:"score"`
+	Family string `json:"family"`
+	Fitted string `json:"fitted"`
+	// LogLikelihood and Score are absent for a family whose calibration could not be simulated.
+	LogLikelihood *float64 `json:"log_likelihood,omitempty"`
+	Score         *float64 `json:"score,omitempty"`
+}
+
+// finite is v, or nil when JSON cannot hold it.
+func finite(v float64) *float64 {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return nil
+	}
+	return &v
 }
 
 func newCostReport(f whatif.CostFit) costReport {
 	r := costReport{Chosen: f.Shape.String(), From: f.From}
 	for _, c := range f.Candidates {
-		r.Candidates = append(r.Candidates, costCandidateRow{Family: c.Shape.Family, Fitted: c.Shape.String(), LogLikelihood: c.LogLikelihood, Score: c.Score})
+		r.Candidates = append(r.Candidates, costCandidateRow{Family: c.Shape.Family, Fitted: c.Shape.String(), LogLikelihood: finite(c.LogLikelihood), Score: finite(c.Score)})
 	}
 	return r
 }

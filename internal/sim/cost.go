@@ -250,11 +250,12 @@ func (c Cost) CDF(x float64) float64 {
 		shape := 1 / (c.CV * c.CV)
 		return gammaP(shape, x*shape/m)
 	case CostMixture:
-		p := 0.0
+		p, total := 0.0, 0.0
 		for _, part := range c.Parts {
 			p += part.Share * Cost{Mean: part.Mean, Dist: part.Dist, CV: part.CV}.CDF(x)
+			total += part.Share
 		}
-		return p
+		return p / total // as the sampler, shares divided by their sum
 	default: // lognormal
 		sigma2 := math.Log(1 + c.CV*c.CV)
 		mu := math.Log(m) - sigma2/2

@@ -403,6 +403,9 @@ func validateCost(c Cost, field string) error {
 		return bad("parts", "are for dist: mixture only (dist is %q)", c.Dist)
 	}
 	if c.Dist == CostMixture {
+		if c.CV != 0 {
+			return bad("cv", "is each part's in a mixture (parts[i].cv); remove it from the mixture")
+		}
 		if len(c.Parts) < 2 || len(c.Parts) > maxCostParts {
 			return bad("parts", "a mixture needs 2 to %d parts, each {share, mean, dist[, cv]}; got %d", maxCostParts, len(c.Parts))
 		}

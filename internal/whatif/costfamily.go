@@ -83,7 +83,7 @@ func (s CostShape) String() string {
 	return fmt.Sprintf("%s with CV %.2f", s.Family, s.CV)
 }
 
-// yaml writes the cost at a mean as a scenario's flow mapping.
+// costYAML writes a cost as a scenario's flow mapping.
 func costYAML(c sim.Cost) string {
 	one := func(mean time.Duration, dist string, cv float64) string {
 		s := fmt.Sprintf("mean: %s, dist: %s", seconds(mean.Seconds()), dist)
@@ -161,11 +161,16 @@ func fitCostShape(calib []*Group, step time.Duration, seed int64) CostFit {
 		penalty := 0.5 * float64(s.params()) * math.Log(math.Max(requests, 2))
 		fit.Candidates[i] = CostCandidate{Shape: s, LogLikelihood: ll, Score: ll - penalty}
 	})
-	best := 0
+	best := -1
 	for i, c := range fit.Candidates {
-		if c.Score > fit.Candidates[best].Score {
+		if !math.IsInf(c.Score, -1) && (best < 0 || c.Score > fit.Candidates[best].Score) {
 			best = i
 		}
+	}
+	if best < 0 {
+		// No calibration run could be simulated (a bug, or a pod shape the simulator refuses):
+		// say so rather than pass exponential off as fitted.
+		return CostFit{Shape: assumedShape, Assumed: true, From: "assumed (no calibration run of the histograms could be simulated)"}
 	}
 	fit.Shape = fit.Candidates[best].Shape
 	return fit
@@ -306,7 +311,7 @@ func shapeLogLikelihood(g *Group, s CostShape) float64 {
 	return ll
 }
 
-// candidatesText lists every candidate's fit, the chosen first.
+// candidatesText lists every candidate's fit, marking the chosen one (for test logs).
 func (f CostFit) candidatesText() string {
 	if f.Assumed {
 		return ""

@@ -73,6 +73,10 @@ func fitCost(md *Model, calm *Stretch, seed int64) CostFit {
 		calib = []*Group{best}
 	}
 	fit := fitCostShape(calib, md.Step, seed)
+	if fit.Assumed {
+		md.Assumptions = append(md.Assumptions, fmt.Sprintf("request costs are %s: %s", fit.Shape, fit.From))
+		return fit
+	}
 	var names []string
 	for _, g := range calib {
 		names = append(names, fmt.Sprintf("%s at %.0f%% of its CPU", g.Name, 100*g.Utilisation))

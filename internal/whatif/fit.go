@@ -307,15 +307,18 @@ func (md *Model) group(m *Measurements) error {
 		if g.HasCPULimit {
 			capacity = math.Min(g.CPULimit, g.Cores)
 		}
-		g.Utilisation = g.CPUCores / float64(len(g.Pods)) / capacity
-		if m.Calm != nil {
-			g.CalmUtilisation = g.stretchUtilisation(m, *m.Calm, capacity)
-		}
 		coverage := 0.0
 		for _, name := range g.Pods {
 			coverage += podByName(m, name).Coverage
 		}
 		g.MeanPods = coverage
+		// The group's CPU is over the window (windowAverages), so it is shared by the pods
+		// serving on average, not by every pod that ever served: after a rolling restart the
+		// group has named twice its pods.
+		g.Utilisation = g.CPUCores / math.Max(coverage, 1) / capacity
+		if m.Calm != nil {
+			g.CalmUtilisation = g.stretchUtilisation(m, *m.Calm, capacity)
+		}
 		g.Replicas = max(1, int(math.Round(coverage)))
 		var pods []*PodMeasurement
 		for _, name := range g.Pods {

@@ -2,6 +2,7 @@ package whatif
 
 import (
 	"math"
+	"math/rand"
 	"testing"
 	"time"
 )
@@ -83,5 +84,32 @@ func TestReplicaSteps_AScaleIsFittedAndARollingRestartIsNot(t *testing.T) {
 	// A pod replaced at step 5, both serving in that step: no scale.
 	if got := replicaSteps([]*PodMeasurement{servingPod(0, 12, 12), servingPod(0, 6, 12), servingPod(5, 12, 12)}, 12, step); got != nil {
 		t.Errorf("rolling restart fitted as a scale: %s", ReplicaStepsText(got))
+	}
+}
+
+func TestSpeedSteps_NoiseOfAHeavyTailedCostIsNotAChange(t *testing.T) {
+	const step = 30 * time.Second
+	rng := rand.New(rand.NewSource(11))
+	// Identical pods at 40 rps (1,200 requests a step), 8 steps, lognormal request costs of mean
+	// 8 ms and CV 2: each step's CPU per request is the mean of its 1,200 draws.
+	sigma2 := math.Log(1 + 2*2)
+	mu := math.Log(0.008) - sigma2/2
+	flagged := 0
+	const pods = 300
+	for range pods {
+		var costs []float64
+		for range 8 {
+			sum := 0.0
+			for range 1200 {
+				sum += math.Exp(mu + math.Sqrt(sigma2)*rng.NormFloat64())
+			}
+			costs = append(costs, sum/1200)
+		}
+		if speedChanges(costBlocks([]*PodMeasurement{podWithCosts(40, costs)}, len(costs), step)) {
+			flagged++
+		}
+	}
+	if share := float64(flagged) / pods; share > 0.03 {
+		t.Errorf("%.1f%% of steady pods with a CV-2 cost counted as changing speed, want at most 3%%", 100*share)
 	}
 }

@@ -39,9 +39,10 @@ func (md *Model) suspects(c *Check) []string {
 	}
 	if jumps := md.loadJumps(); jumps >= minLoadJumps && simulatedLow(c) {
 		// Bursts shorter than a step are spread over it: the simulated queues are shorter than
-		// the real ones, whatever else is right.
-		out = append([]string{fmt.Sprintf("the load's resolution: the Service's rate jumps by more than %.0f%% of its mean between %d pairs of %v steps, so it probably changes within steps too (bursts), and the model spreads each burst over its step, which queues less. Scrape the sidecars more often and fit with a shorter step, or add the bursts to the written scenario's load phases",
-			100*loadJump, jumps, md.Step)}, out...)
+		// the real ones, whatever else is right. Jumps between steps are in the model, so they
+		// are only a hint of jumps within steps: after the suspects the figures point at.
+		out = append(out, fmt.Sprintf("the load's resolution: the Service's rate jumps by more than %.0f%% of its mean between %d pairs of %v steps, so it probably changes within steps too (bursts), and the model spreads each burst over its step, which queues less. Scrape the sidecars more often and fit with a shorter step, or add the bursts to the written scenario's load phases",
+			100*loadJump, jumps, md.Step))
 	}
 	return dedupe(out)
 }
@@ -54,13 +55,16 @@ const (
 )
 
 // loadJumps counts the steps whose rate differs from the step before by more than loadJump of
-// the mean.
+// the mean and by more than four standard deviations of the difference of two Poisson counts
+// (a quiet Service's rates jump by chance).
 func (md *Model) loadJumps() int {
 	rates := md.loadSeries()
 	mean := meanOf(rates)
+	step := md.Step.Seconds()
 	n := 0
 	for k := 1; k < len(rates); k++ {
-		if math.Abs(rates[k]-rates[k-1]) > loadJump*mean {
+		noise := 4 * math.Sqrt((rates[k]+rates[k-1])/math.Max(step, 1))
+		if d := math.Abs(rates[k] - rates[k-1]); d > loadJump*mean && d > noise {
 			n++
 		}
 	}

@@ -46,6 +46,8 @@ func TestSuspects_NameTheAssumptionTheDisagreementPointsAt(t *testing.T) {
 		edit  func(md *Model)
 		check Check
 		want  []string
+		// ordered: the wanted suspects come in this order.
+		ordered bool
 	}{
 		{
 			name:  "a lightly loaded group's latency: the cost distribution",
@@ -79,8 +81,9 @@ func TestSuspects_NameTheAssumptionTheDisagreementPointsAt(t *testing.T) {
 				md.Step = 30 * time.Second
 				md.Scenario.Load = sim.Load{RPS: 200, Phases: []sim.Phase{{At: sim.Duration{Duration: time.Minute}, RPS: 400}, {At: sim.Duration{Duration: 90 * time.Second}, RPS: 200}, {At: sim.Duration{Duration: 3 * time.Minute}, RPS: 400}, {At: sim.Duration{Duration: 210 * time.Second}, RPS: 200}}}
 			},
-			check: Check{Groups: []CheckRow{row("fast", 20, 20, 1, 1, 200, 200), row("slow", 200, 80, 1.6, 1.6, 160, 160)}, Service: service(60, 60)},
-			want:  []string{"the load's resolution: the Service's rate jumps by more than 30% of its mean between 4 pairs of 30s steps", "the pods' concurrency"},
+			check:   Check{Groups: []CheckRow{row("fast", 20, 20, 1, 1, 200, 200), row("slow", 200, 80, 1.6, 1.6, 160, 160)}, Service: service(60, 60)},
+			want:    []string{"the pods' concurrency", "the load's resolution: the Service's rate jumps by more than 30% of its mean between 4 pairs of 30s steps"},
+			ordered: true,
 		},
 		{
 			name:  "a group that served part of the window: its replicas",
@@ -96,10 +99,15 @@ func TestSuspects_NameTheAssumptionTheDisagreementPointsAt(t *testing.T) {
 				tc.edit(md)
 			}
 			got := strings.Join(md.suspects(&tc.check), "\n")
+			last := -1
 			for _, want := range tc.want {
-				if !strings.Contains(got, want) {
+				at := strings.Index(got, want)
+				if at < 0 {
 					t.Errorf("suspects lack %q:\n%s", want, got)
+				} else if tc.ordered && at < last {
+					t.Errorf("suspect %q comes before the one wanted before it:\n%s", want, got)
 				}
+				last = at
 			}
 		})
 	}

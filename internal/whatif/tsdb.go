@@ -303,7 +303,9 @@ func (q *queries) readCalmStretch(m *Measurements, whole metrics.Request) error 
 	req.Interval = req.Window
 	batch, err := q.r.Source.Fetch(q.ctx, req)
 	if batch.Observations == nil {
-		return fmt.Errorf("reading the pods' latency over the window's calmest stretch from %s: %w", q.r.Address, err)
+		// Only a refinement of the cost fit: go on with the whole window's histograms.
+		m.Notes = append(m.Notes, fmt.Sprintf("the pods' latency over the window's calmest stretch could not be read (%v); the request cost is fitted to the whole window's histograms", err))
+		return nil
 	}
 	for i, obs := range batch.Observations {
 		if len(obs.LatencyBuckets) > 0 {
