@@ -54,7 +54,7 @@ func newCostSampler(c Cost) costSampler {
 		cs.dist = costExponential
 	case CostGamma:
 		cs.dist = costGamma
-		shape := 1 / (c.CV * c.CV)
+		shape := gammaShape(c.CV)
 		cs.gamma = gammaTable(shape)
 		cs.scale = cs.mean / shape
 	case CostMixture:
@@ -71,12 +71,20 @@ func newCostSampler(c Cost) costSampler {
 		}
 		cs.cumFrac[len(cs.cumFrac)-1] = 1
 	default: // lognormal with the given mean and CV
-		sigma2 := math.Log(1 + c.CV*c.CV)
-		cs.mu = math.Log(cs.mean) - sigma2/2
-		cs.sigma = math.Sqrt(sigma2)
+		cs.mu, cs.sigma = lognormalParams(cs.mean, c.CV)
 	}
 	return cs
 }
+
+// lognormalParams are the mean and standard deviation of the logarithm of a lognormal cost of
+// the given mean and CV.
+func lognormalParams(mean, cv float64) (mu, sigma float64) {
+	sigma2 := math.Log(1 + cv*cv)
+	return math.Log(mean) - sigma2/2, math.Sqrt(sigma2)
+}
+
+// gammaShape is the shape of a gamma cost of the given CV.
+func gammaShape(cv float64) float64 { return 1 / (cv * cv) }
 
 // usesNormalQuantile says whether cost needs z, the normal quantile of the draw, worked out ahead
 // for the whole batch of arrivals. A mixture works out its part's own quantile itself.
@@ -247,7 +255,7 @@ func (c Cost) CDF(x float64) float64 {
 	case CostExponential:
 		return -math.Expm1(-x / m)
 	case CostGamma:
-		shape := 1 / (c.CV * c.CV)
+		shape := gammaShape(c.CV)
 		return gammaP(shape, x*shape/m)
 	case CostMixture:
 		p, total := 0.0, 0.0
@@ -257,8 +265,7 @@ func (c Cost) CDF(x float64) float64 {
 		}
 		return p / total // as the sampler, shares divided by their sum
 	default: // lognormal
-		sigma2 := math.Log(1 + c.CV*c.CV)
-		mu := math.Log(m) - sigma2/2
-		return 0.5 * math.Erfc(-(math.Log(x)-mu)/math.Sqrt(2*sigma2))
+		mu, sigma := lognormalParams(m, c.CV)
+		return 0.5 * math.Erfc(-(math.Log(x)-mu)/(math.Sqrt2*sigma))
 	}
 }
