@@ -118,23 +118,26 @@ func calibrationScore(g *Group, shape CostShape, step time.Duration, seed int64)
 	return ll
 }
 
+// calibrationRates is one pod's rate in each step of g's calibration run, and the requests they
+// add up to.
+func calibrationRates(g *Group, step time.Duration) (rates []float64, requests float64) {
+	rates = fillGaps(g.Rates, g.RequestRate/float64(len(g.Pods)))
+	for _, r := range rates {
+		requests += r * step.Seconds()
+	}
+	return rates, requests
+}
+
 // calibrationResolution is about how many requests g's calibration run simulates: one pod's
 // share of the group's requests, at most maxCalibrationRequests.
 func calibrationResolution(g *Group, step time.Duration) float64 {
-	expected := 0.0
-	for _, r := range fillGaps(g.Rates, g.RequestRate/float64(len(g.Pods))) {
-		expected += r * step.Seconds()
-	}
-	return math.Min(expected, maxCalibrationRequests)
+	_, requests := calibrationRates(g, step)
+	return math.Min(requests, maxCalibrationRequests)
 }
 
 // calibrationScenario is one pod of g's shape under g's measured rate per pod, step by step.
 func calibrationScenario(g *Group, shape CostShape, step time.Duration, seed int64) (*sim.Scenario, error) {
-	rates := fillGaps(g.Rates, g.RequestRate/float64(len(g.Pods)))
-	expected := 0.0
-	for _, r := range rates {
-		expected += r * step.Seconds()
-	}
+	rates, expected := calibrationRates(g, step)
 	stepSeconds := step.Seconds()
 	if expected > maxCalibrationRequests {
 		stepSeconds *= maxCalibrationRequests / expected

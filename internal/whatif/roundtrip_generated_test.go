@@ -252,22 +252,9 @@ func groupCostError(sc *sim.Scenario, md *Model) float64 {
 // loadStepError is the largest relative error of a fitted load step against the rate the
 // original offered over the same stretch (as compareLoad, without failing).
 func loadStepError(sc *sim.Scenario, md *Model) float64 {
-	offered := func(at float64) float64 {
-		r := sc.Load.RPS
-		for _, ph := range sc.Load.Phases {
-			if ph.At.Seconds() <= at {
-				r = ph.RPS
-			}
-		}
-		return r
-	}
-	step, worst := md.Step.Seconds(), 0.0
-	for k, got := range md.loadSeries() {
-		from, want := sc.Warmup.Seconds()+float64(k)*step, 0.0
-		for s := from; s < from+step; s++ {
-			want += offered(s) / step
-		}
-		worst = math.Max(worst, math.Abs(got/want-1))
+	worst := 0.0
+	for _, l := range loadSteps(sc, md) {
+		worst = math.Max(worst, l.err())
 	}
 	return worst
 }

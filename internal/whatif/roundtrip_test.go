@@ -235,10 +235,16 @@ func compareSpeedSteps(t *testing.T, orig *sim.Scenario, pg *sim.PodGroup, g Gro
 	return worst
 }
 
-// compareLoad checks each step's fitted rate against the mean offered rate of the original over
-// the same stretch, and returns the largest relative error.
-func compareLoad(t *testing.T, orig *sim.Scenario, md *Model) (worst float64) {
-	t.Helper()
+// loadStep is one fitted step's rate and the mean rate the original offered over the same stretch.
+type loadStep struct {
+	from, to    float64 // simulated seconds
+	got, wanted float64 // rps
+}
+
+func (l loadStep) err() float64 { return math.Abs(l.got/l.wanted - 1) }
+
+// loadSteps pairs each step of the fitted load with the original's offered rate over it.
+func loadSteps(orig *sim.Scenario, md *Model) []loadStep {
 	offered := func(at float64) float64 {
 		r := orig.Load.RPS
 		for _, ph := range orig.Load.Phases {
@@ -248,17 +254,27 @@ func compareLoad(t *testing.T, orig *sim.Scenario, md *Model) (worst float64) {
 		}
 		return r
 	}
-	fitted := md.loadSeries()
 	step := md.Step.Seconds()
-	for k, got := range fitted {
+	var out []loadStep
+	for k, got := range md.loadSeries() {
 		from := orig.Warmup.Seconds() + float64(k)*step
 		want := 0.0
 		for s := from; s < from+step; s++ {
 			want += offered(s) / step
 		}
-		worst = math.Max(worst, math.Abs(got/want-1))
-		if math.Abs(got/want-1) > loadTolerance {
-			t.Errorf("step %d (%.0f – %.0f s): fitted rate %.1f rps, the original offered %.1f", k, from, from+step, got, want)
+		out = append(out, loadStep{from: from, to: from + step, got: got, wanted: want})
+	}
+	return out
+}
+
+// compareLoad checks each step's fitted rate against the mean offered rate of the original over
+// the same stretch, and returns the largest relative error.
+func compareLoad(t *testing.T, orig *sim.Scenario, md *Model) (worst float64) {
+	t.Helper()
+	for k, l := range loadSteps(orig, md) {
+		worst = math.Max(worst, l.err())
+		if l.err() > loadTolerance {
+			t.Errorf("step %d (%.0f – %.0f s): fitted rate %.1f rps, the original offered %.1f", k, l.from, l.to, l.got, l.wanted)
 		}
 	}
 	return worst

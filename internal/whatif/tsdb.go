@@ -277,7 +277,7 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 	if err := q.checkIstioNames(m, names, noHistogram); err != nil {
 		return err
 	}
-	if err := q.readCalmStretch(m, req); err != nil {
+	if err := q.readCalmStretch(m, names); err != nil {
 		return err
 	}
 	// The pooled server-side histogram's sum, for the network latency (the per-pod buckets carry
@@ -291,25 +291,31 @@ func (q *queries) readPods(m *Measurements, steps int) error {
 }
 
 // readCalmStretch finds the window's calmest stretch and reads each pod's latency histogram over
-// it, through the operator's metrics source as for the whole window.
-func (q *queries) readCalmStretch(m *Measurements, whole metrics.Request) error {
+// it: the operator's histogram query, alone (the stretch needs no CPU, rate or freshness).
+func (q *queries) readCalmStretch(m *Measurements, names []string) error {
 	calm := calmestStretch(m.Load)
 	if calm == nil {
 		return nil
 	}
-	req := whole
-	req.Now = m.From.Add(time.Duration(calm.To) * m.Step)
-	req.Window = time.Duration(calm.To-calm.From) * m.Step
-	req.Interval = req.Window
-	batch, err := q.r.Source.Fetch(q.ctx, req)
-	if batch.Observations == nil {
+	length := time.Duration(calm.To-calm.From) * m.Step
+	query, err := metrics.RenderQuery("latency histogram", metrics.DefaultLatencyHistogramQuery, metrics.NewTemplateData([]string{m.Namespace}, podRegex(names), length, q.r.Labels))
+	if err != nil {
+		return err
+	}
+	v, err := q.instant(query, m.From.Add(time.Duration(calm.To)*m.Step))
+	if err != nil {
 		// Only a refinement of the cost fit: go on with the whole window's histograms.
 		m.Notes = append(m.Notes, fmt.Sprintf("the pods' latency over the window's calmest stretch could not be read (%v); the request cost is fitted to the whole window's histograms", err))
 		return nil
 	}
-	for i, obs := range batch.Observations {
-		if len(obs.LatencyBuckets) > 0 {
-			m.Pods[i].CalmLatency = histogramFromBuckets(obs.LatencyBuckets)
+	byPod := map[string]model.Vector{}
+	for _, s := range v {
+		pod := string(s.Metric[model.LabelName(q.r.Labels.Pod)])
+		byPod[pod] = append(byPod[pod], s)
+	}
+	for i := range m.Pods {
+		if buckets := byPod[m.Pods[i].Name]; len(buckets) > 0 {
+			m.Pods[i].CalmLatency = histogramFromLe(buckets)
 		}
 	}
 	m.Calm = calm
